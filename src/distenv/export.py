@@ -1,0 +1,80 @@
+"""The explicit step that writes the canonical torch variables into an environment."""
+
+from __future__ import annotations
+
+import os
+
+from .description import PER_NODE, DistEnv
+from .errors import DistEnvError
+
+# Written for a per-process launch; a per-node launch writes only the node-level ones
+# (the workers it will start get their own RANK/LOCAL_RANK from their launcher).
+PROCESS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
+NODE_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK")
+
+
+def variables(env: DistEnv) -> dict:
+    """The canonical variables and their values (None where unknown)."""
+    values = {
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": env.master_port,
+        "RANK": env.rank,
+        "WORLD_SIZE": env.world_size,
+        "LOCAL_RANK": env.local_rank,
+        "LOCAL_WORLD_SIZE": env.local_world_size,
+        "NODE_RANK": env.node_rank,
+        "GROUP_RANK": env.node_rank,
+    }
+    keep = NODE_VARS if env.launch == PER_NODE else PROCESS_VARS
+    return {k: values[k] for k in keep}
+
+
+def missing_message(env: DistEnv, names) -> str:
+    launcher = env.provenance.get("launcher", env.launcher)
+    hints = []
+    if "MASTER_ADDR" in names:
+        hints.append(
+            "MASTER_ADDR: the launcher does not reveal rank 0's host across nodes; export "
+            "MASTER_ADDR=<rank 0's host> in the job script and pass it to every rank "
+            "(mpirun -x MASTER_ADDR, mpiexec -genv MASTER_ADDR ...)"
+        )
+    others = [n for n in names if n != "MASTER_ADDR"]
+    if others:
+        hints.append(f"{', '.join(others)}: not revealed by {env.launcher} ({launcher}); "
+                     "set them, or run `distenv show --explain` to see what is known")
+    return "cannot export an incomplete launch: " + "; ".join(hints) + "."
+
+
+def export(env: DistEnv, environ=None, overwrite: bool = False) -> dict:
+    """Write MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    NODE_RANK and GROUP_RANK into `environ` (default ``os.environ``).
+
+    A variable that already holds a different value is an error unless `overwrite`;
+    one holding the same value is left alone. Unknown fields that a distributed job
+    needs (the master address across nodes, say) are an error naming the fix.
+    Returns the variables written.
+    """
+    target = os.environ if environ is None else environ
+    values = variables(env)
+    required = ("MASTER_ADDR", "MASTER_PORT") if env.is_distributed else ()
+    if env.launch != PER_NODE and env.is_distributed:
+        required += ("RANK", "WORLD_SIZE")
+    missing = [k for k in required if values.get(k) is None]
+    if missing:
+        raise DistEnvError(missing_message(env, missing))
+    clashes = []
+    for name, value in values.items():
+        if value is not None and name in target and target[name] != str(value) and not overwrite:
+            clashes.append(f"{name}={target[name]!r} (distenv: {value})")
+    if clashes:
+        raise DistEnvError(
+            "refusing to overwrite " + ", ".join(clashes)
+            + ". Fix: unset them, or call export(overwrite=True)."
+        )
+    written = {}
+    for name, value in values.items():
+        if value is not None and target.get(name) != str(value):
+            target[name] = str(value)
+            written[name] = str(value)
+    return written

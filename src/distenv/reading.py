@@ -1,0 +1,83 @@
+"""What a source has read so far, and strict parsers that name the variable on error."""
+
+from __future__ import annotations
+
+from .errors import DistEnvError
+
+#: Largest rank/size we accept; anything above is certainly garbage.
+MAX_COUNT = 1 << 31
+
+
+def show(value, limit: int = 80) -> str:
+    """A value quoted for an error message, truncated so garbage cannot flood logs."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[:limit] + f"...<{len(text)} chars>"
+    return repr(text)
+
+
+def parse_int(raw: str, name: str, who: str = "", minimum: int = 0) -> int:
+    """A strict non-negative integer (ASCII digits only: int() would accept '٣' or '1_0')."""
+    text = raw.strip()
+    if not text or len(text) > 12 or not (text.isascii() and text.isdigit()):
+        by = f" (set by {who})" if who else ""
+        raise DistEnvError(
+            f"{name}={show(raw)}{by} is not a non-negative integer. "
+            f"Fix: unset {name} or give it the launcher's value."
+        )
+    value = int(text)
+    if value < minimum or value >= MAX_COUNT:
+        raise DistEnvError(
+            f"{name}={show(raw)} is out of range (expected {minimum} <= {name} < {MAX_COUNT})."
+        )
+    return value
+
+
+def get_int(env, name: str, who: str = "", minimum: int = 0):
+    """`parse_int` of env[name], or None when the variable is absent."""
+    raw = env.get(name)
+    if raw is None:
+        return None
+    return parse_int(raw, name, who, minimum)
+
+
+def parse_json(raw: str, name: str):
+    import json  # lazy: only a few sources carry JSON
+
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise DistEnvError(f"{name} is not valid JSON ({exc}): {show(raw)}") from None
+
+
+class Reading:
+    """Fields a source found, each with why. Mutable while resolving, then frozen into DistEnv."""
+
+    __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source")
+
+    def __init__(self):
+        self.values: dict = {}
+        self.why: dict = {}
+        self.notes: list = []
+        self.launch = None  # "per-process" / "per-node"; None until a source decides
+        self.owns: tuple = ()  # canonical variables the source read with its own meaning
+        self.port_key = None  # job identity for deriving a port every rank agrees on
+        self.nproc_source = None  # (value, why) of a platform's own processes-per-node hint
+
+    def set(self, field: str, value, why: str) -> None:
+        if value is not None:
+            self.values[field] = value
+            self.why[field] = why
+
+    def default(self, field: str, value, why: str) -> None:
+        """Set only when nothing has set the field yet."""
+        if self.values.get(field) is None:
+            self.set(field, value, why)
+
+    def int_from(self, env, field: str, name: str, who: str = "", minimum: int = 0):
+        value = get_int(env, name, who, minimum)
+        self.set(field, value, name if value is None else f"{name}={value}")
+        return value
+
+    def get(self, field: str):
+        return self.values.get(field)

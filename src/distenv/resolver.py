@@ -1,0 +1,305 @@
+"""`resolve()`: environment mapping in, `DistEnv` out. Pure: reads, never writes.
+
+Order of work:
+1. choose the launcher (DISTENV_LAUNCHER or the first matching registry entry);
+2. let it read its variables, and let the platform (Azure ML, SageMaker, ...) fill gaps;
+3. apply explicit keyword arguments (they win over everything);
+4. settle per-node launches (how many workers per node);
+5. derive what follows for certain (one node -> node rank 0, loopback master, ...);
+6. pick the master port by the documented rule (`distenv.ports`);
+7. cross-check canonical variables (a stale RANK is an error, not a choice) and invariants.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import ports
+from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv
+from .errors import DistEnvError
+from .reading import Reading, get_int, parse_int, show
+from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
+
+OVERRIDABLE = frozenset(FIELDS) - {"launch"}
+LOOPBACK = "127.0.0.1"
+
+# Canonical variables cross-checked against the launcher's answer.
+CANONICAL = (
+    ("RANK", "rank"),
+    ("WORLD_SIZE", "world_size"),
+    ("LOCAL_RANK", "local_rank"),
+    ("LOCAL_WORLD_SIZE", "local_world_size"),
+    ("NODE_RANK", "node_rank"),
+    ("GROUP_RANK", "node_rank"),
+)
+
+
+def resolve(environ=None, **overrides) -> DistEnv:
+    """Describe this process's place in a distributed launch.
+
+    `environ` is any mapping (default: ``os.environ``); it is only read. Keyword
+    arguments named like `DistEnv` fields win over everything (``launcher=`` forces a
+    source, like DISTENV_LAUNCHER). Raises `DistEnvError` when the environment is
+    malformed or contradictory.
+    """
+    env = os.environ if environ is None else environ
+    unknown = set(overrides) - OVERRIDABLE
+    if unknown:
+        raise TypeError(f"resolve() got unknown field(s): {', '.join(sorted(unknown))}")
+
+    r = Reading()
+    source, why = _choose(env, overrides.pop("launcher", None))
+    source.read(env, r)
+    r.default("launcher", source.name, why)
+    _platform(env, r, source, overrides.pop("platform", None))
+
+    for field, value in overrides.items():
+        if field != "nproc_per_node":
+            r.values[field] = value
+            r.why[field] = "given to resolve()"
+
+    _per_node(env, r, source, overrides.get("nproc_per_node"))
+    _derive(r)
+    after = getattr(source, "after", None)
+    if after is not None:
+        after(env, r)
+    _master(env, r, source, overrides)
+    _check_canonical(env, r, source, overrides)
+    _check_invariants(r)
+    r.values["launch"] = r.launch
+    r.why["launch"] = (
+        "one process per node, whose workers are yet to be started" if r.launch == PER_NODE
+        else "the launcher started every worker process"
+    )
+    if r.get("platform") is None:
+        r.why["platform"] = "no platform variables found"
+    return DistEnv(r.values, r.why, r.notes)
+
+
+# -- 1. which launcher ------------------------------------------------------------------
+def _choose(env, forced):
+    why_forced = "given to resolve()"
+    if forced is None and env.get("DISTENV_LAUNCHER", "").strip():
+        forced, why_forced = env["DISTENV_LAUNCHER"], f"DISTENV_LAUNCHER={env['DISTENV_LAUNCHER']}"
+    if forced is not None:
+        name = str(forced).strip().lower()
+        entry = find(name)
+        if entry is None:
+            raise DistEnvError(
+                f"unknown launcher {name!r} ({why_forced}). Known: {', '.join(names())}."
+            )
+        source = entry.load()
+        if entry is not NONE and (entry.present(env) is None or not source.detect(env)):
+            wanted = ", ".join(entry.markers)
+            raise DistEnvError(
+                f"{why_forced} forces {source.title}, but its variables ({wanted}) are absent "
+                "or say this is not one of its processes. Fix: unset DISTENV_LAUNCHER."
+            )
+        return source, why_forced
+    for entry in LAUNCHERS:
+        marker = entry.present(env)
+        if marker is not None:
+            source = entry.load()
+            if source.detect(env):
+                return source, f"{marker} present"
+    return NONE.load(), "no launcher variables found"
+
+
+def _platform(env, r, source, forced):
+    if forced is not None:
+        r.set("platform", forced, "given to resolve()")
+        return
+    for entry in PLATFORMS:
+        marker = entry.present(env)
+        if marker is None:
+            continue
+        platform = entry.load()
+        name = platform.platform(env) if hasattr(platform, "platform") else platform.name
+        if name is None:
+            continue
+        r.set("platform", name, f"{marker} present")
+        if platform is not source:
+            platform.overlay(env, r)
+        return
+
+
+# -- 4. per-node launches ----------------------------------------------------------------
+def _nproc_value(raw: str, name: str, env):
+    """A processes-per-node setting: a number, or torchrun's auto/gpu/cpu."""
+    text = raw.strip().lower()
+    if text in ("auto", "gpu", "cpu"):
+        from .gpus import visible_gpus
+
+        gpus, why = visible_gpus(env)
+        if text == "cpu" or (text == "auto" and gpus == 0):
+            if text == "gpu":
+                raise DistEnvError(f"{name}=gpu but no GPU is visible ({why}).")
+            count = os.cpu_count() or 1
+            return count, f"{name}={raw} ({count} CPU cores)"
+        if gpus == 0:
+            raise DistEnvError(f"{name}={raw} but no GPU is visible ({why}).")
+        return gpus, f"{name}={raw} ({why})"
+    return parse_int(raw, name, minimum=1), f"{name}={raw}"
+
+
+def _wanted(env, override):
+    if override is not None:
+        return int(override), "given to resolve()"
+    raw = env.get("DISTENV_NPROC_PER_NODE")
+    if raw is not None and raw.strip():
+        return _nproc_value(raw, "DISTENV_NPROC_PER_NODE", env)
+    return None, None
+
+
+def _per_node(env, r, source, override):
+    want, want_why = _wanted(env, override)
+    if r.launch == PER_PROCESS and source.can_be_per_node:
+        local, nodes, size = r.get("local_world_size"), r.get("num_nodes"), r.get("world_size")
+        if local == 1 and (nodes is None or nodes == size):
+            gpus = None
+            if want is None and getattr(_platform_source(r), "per_node_platform", False):
+                from .gpus import visible_gpus
+
+                gpus, gpus_why = visible_gpus(env)
+            if (want or 0) > 1 or (gpus or 0) > 1:
+                # One process per node asked to start several workers: the process is a node.
+                r.set("node_rank", r.get("rank"),
+                      f"{r.why.get('rank')} (one process per node: the node rank)")
+                r.set("num_nodes", size, f"{r.why.get('world_size')} (one process per node)")
+                for field in ("rank", "local_rank", "world_size", "local_world_size"):
+                    r.values.pop(field, None)
+                    r.why.pop(field, None)
+                r.launch = PER_NODE
+        elif want is not None and local is not None and local != want:
+            raise DistEnvError(
+                f"{want_why} but {source.title} started {local} process(es) on this node "
+                f"({r.why.get('local_world_size')}). Fix: make them agree or unset "
+                "DISTENV_NPROC_PER_NODE."
+            )
+    if r.launch != PER_NODE:
+        return
+
+    if want is not None:
+        nproc, why = want, want_why
+    elif r.nproc_source is not None:
+        raw, raw_why = r.nproc_source
+        nproc, why = _nproc_value(raw, raw_why.split("=", 1)[0], env)
+    else:
+        from .gpus import visible_gpus
+
+        gpus, gpus_why = visible_gpus(env)
+        nproc, why = (gpus, f"one worker per visible GPU: {gpus_why}") if gpus else (1, gpus_why + ": one worker")
+    nodes, node = r.get("num_nodes"), r.get("node_rank")
+    if nproc == 1:
+        # The node *is* the worker.
+        r.launch = PER_PROCESS
+        r.set("rank", node, f"{r.why.get('node_rank')} (one worker per node: rank = node rank)")
+        r.set("local_rank", 0, "one worker per node")
+        r.set("world_size", nodes, f"{r.why.get('num_nodes')} (one worker per node)")
+        r.set("local_world_size", 1, "one worker per node")
+        r.set("nproc_per_node", 1, why)
+    else:
+        r.set("nproc_per_node", nproc, why)
+        r.set("local_world_size", nproc, why)
+        if nodes is not None:
+            r.set("world_size", nodes * nproc, f"num_nodes x nproc_per_node = {nodes} x {nproc}")
+
+
+def _platform_source(r):
+    name = r.get("platform")
+    for entry in PLATFORMS:
+        if entry.name == name:
+            return entry.load()
+    return None
+
+
+# -- 5. what follows for certain ---------------------------------------------------------
+def _derive(r):
+    size, local = r.get("world_size"), r.get("local_world_size")
+    if size is not None and local is not None and size == local:
+        r.default("num_nodes", 1, "world size = local world size: every rank on this node")
+    if r.get("num_nodes") == 1:
+        r.default("node_rank", 0, "one node")
+        if r.launch == PER_PROCESS:
+            r.default("local_world_size", size, "one node: local world = world")
+            r.default("local_rank", r.get("rank"), "one node: local rank = rank")
+        r.default("nproc_per_node", r.get("local_world_size"), "one node")
+
+
+def _master(env, r, source, overrides):
+    owns = source.owns
+    if "master_addr" not in overrides and env.get("MASTER_ADDR") and "MASTER_ADDR" not in owns:
+        mine, given = r.get("master_addr"), env["MASTER_ADDR"]
+        if mine is not None and mine != given:
+            r.notes.append(f"MASTER_ADDR={given} is used instead of {mine} ({r.why['master_addr']})")
+        r.set("master_addr", given, "MASTER_ADDR (given by the user)")
+    if r.get("num_nodes") == 1:
+        r.default("master_addr", LOOPBACK, "one node: loopback")
+
+    if "master_port" not in overrides and env.get("MASTER_PORT") and "MASTER_PORT" not in owns:
+        r.set("master_port", parse_int(env["MASTER_PORT"], "MASTER_PORT", minimum=1),
+              "MASTER_PORT (given by the user)")
+    if r.get("master_port") is None:
+        if r.port_key:
+            r.set("master_port", ports.port_for(r.port_key),
+                  f"derived from the job id ({r.port_key}); see distenv.ports")
+        elif r.get("world_size") == 1 and r.launch == PER_PROCESS:
+            r.set("master_port", ports.port_for(f"pid:{os.getpid()}"),
+                  "derived from the process id (a single process); see distenv.ports")
+        else:
+            r.set("master_port", ports.TORCH_DEFAULT, "torch's default (no job id to derive one from)")
+
+
+# -- 7. checks ---------------------------------------------------------------------------
+def _check_canonical(env, r, source, overrides):
+    for var, field in CANONICAL:
+        if var in source.owns or field in overrides or var not in env:
+            continue
+        given = get_int(env, var)
+        mine = r.get(field)
+        if mine is not None and given != mine:
+            raise DistEnvError(
+                f"{var}={env[var]} contradicts {r.why.get(field, field)} ({field}={mine}). "
+                f"A stale {var} from the shell or the job script? Fix: unset {var}, or set "
+                f"DISTENV_LAUNCHER=env to trust the torch variables instead."
+            )
+
+
+def _check_invariants(r):
+    v, why = r.values, r.why
+
+    def bad(text):
+        raise DistEnvError(text + " Fix: correct the launcher's variables or the override.")
+
+    def check_below(low, high):
+        a, b = v.get(low), v.get(high)
+        if a is not None and b is not None and not a < b:
+            bad(f"{low}={a} ({why.get(low)}) must be below {high}={b} ({why.get(high)}).")
+
+    def check_at_most(low, high):
+        a, b = v.get(low), v.get(high)
+        if a is not None and b is not None and a > b:
+            bad(f"{low}={a} ({why.get(low)}) cannot exceed {high}={b} ({why.get(high)}).")
+
+    for field in ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
+                  "num_nodes", "nproc_per_node", "master_port"):
+        value = v.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            bad(f"{field}={show(value)} ({why.get(field)}) is not a non-negative integer.")
+    for field in ("world_size", "local_world_size", "num_nodes", "nproc_per_node", "master_port"):
+        if v.get(field) == 0:
+            bad(f"{field}=0 ({why.get(field)}) must be at least 1.")
+    check_below("rank", "world_size")
+    check_below("local_rank", "local_world_size")
+    check_below("node_rank", "num_nodes")
+    check_at_most("local_world_size", "world_size")
+    check_at_most("num_nodes", "world_size")
+    port = v.get("master_port")
+    if port is not None and port > 65535:
+        bad(f"master_port={port} ({why.get('master_port')}) is not a TCP port (1-65535).")
+    hosts, nodes = v.get("hosts"), v.get("num_nodes")
+    if hosts is not None and nodes is not None and len(hosts) != nodes:
+        bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
+    addr = v.get("master_addr")
+    if addr is not None and (not isinstance(addr, str) or not addr.strip() or any(c.isspace() for c in addr)):
+        bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")

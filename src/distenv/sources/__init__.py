@@ -1,0 +1,138 @@
+"""The registry of sources: what each launcher or platform tells a process.
+
+A *launcher* source describes the process (rank, sizes, ...). The first launcher in
+`LAUNCHERS` whose marker variables are present and whose ``detect`` agrees wins, so the
+order is the nesting rule: a launcher started *inside* another comes first (torchrun
+started by srun describes the worker; mpirun inside a SLURM allocation beats the SLURM
+variables it inherited). A *platform* source (Azure ML, SageMaker, ...) names where the job
+runs and may fill what the launcher left unknown (typically the master address); some
+platforms are launchers too when they start one process per node themselves.
+
+Modules are imported only when one of their markers is present, which keeps
+``import distenv`` and ``resolve()`` cheap. To add a source, write a module with a
+`Source` subclass and call `register` (see ``distenv.sources.flux`` for a small one).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+class Source:
+    """One launcher or platform. Subclasses set `name`, and override `read` (launchers)
+    and/or `overlay` (platforms)."""
+
+    #: Name shown as `launcher` (or `platform`).
+    name = ""
+    #: Human name used in messages ("Open MPI").
+    title = ""
+    #: Canonical torch variables this source reads with its *own* meaning; the resolver
+    #: does not cross-check them (e.g. GCP's RANK is a node index).
+    owns: tuple = ()
+    #: May a launch with one process per node be turned into a per-node launch when the
+    #: user asks for several workers per node (DISTENV_NPROC_PER_NODE)?
+    can_be_per_node = False
+
+    def detect(self, env) -> bool:
+        """Refine the marker match (e.g. a SLURM batch script is not a task)."""
+        return True
+
+    def read(self, env, r) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def overlay(self, env, r) -> None:
+        """Platforms: fill fields the launcher left unknown."""
+
+
+class Entry:
+    __slots__ = ("name", "module", "markers", "_source")
+
+    def __init__(self, name, module, markers, source=None):
+        self.name = name
+        self.module = module
+        self.markers = tuple(markers)
+        self._source = source
+
+    def load(self) -> Source:
+        if self._source is None:
+            self._source = importlib.import_module(f"{__name__}.{self.module}").SOURCE
+        return self._source
+
+    def present(self, env) -> "str | None":
+        for var in self.markers:
+            if var in env:
+                return var
+        return None
+
+
+# Order matters: see the module docstring. Markers: any one makes the source a candidate.
+LAUNCHERS = [
+    Entry("torchrun", "torchrun", ("TORCHELASTIC_RUN_ID",)),
+    Entry("deepspeed", "deepspeed", ("CROSS_RANK",)),
+    Entry("horovodrun", "horovodrun", ("HOROVOD_RANK",)),
+    Entry("openmpi", "openmpi", ("OMPI_COMM_WORLD_RANK",)),
+    Entry("mvapich2", "mvapich2", ("MV2_COMM_WORLD_RANK",)),
+    Entry("pals", "pals", ("PALS_RANKID",)),
+    Entry("hydra", "hydra", ("PMI_RANK", "PMI_ID")),  # MPICH or Intel MPI
+    Entry("flux", "flux", ("FLUX_TASK_RANK",)),
+    Entry("lsf", "lsf", ("JSM_NAMESPACE_RANK",)),
+    Entry("slurm", "slurm", ("SLURM_STEP_ID", "SLURM_STEPID")),
+    Entry("kubeflow", "kubeflow", ("PET_NNODES", "PET_NODE_RANK")),
+    Entry("gcp", "gcp", ("CLUSTER_SPEC",)),
+    Entry("sagemaker", "sagemaker", ("SM_HOSTS",)),
+    Entry("tf_config", "tfconfig", ("TF_CONFIG",)),
+    Entry("env", "plain", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
+]
+
+# The launcher used when nothing else matched.
+NONE = Entry("none", "single", ())
+
+# Platforms, first match names the platform. Markers are the platform's own variables.
+PLATFORMS = [
+    Entry(
+        "azureml",
+        "azureml",
+        (
+            "AZ_BATCH_MASTER_NODE",
+            "AZ_BATCHAI_MPI_MASTER_NODE",
+            "AZUREML_RUN_ID",
+            "AZUREML_EXPERIMENT_ID",
+        ),
+    ),
+    Entry("sagemaker", "sagemaker", ("SM_HOSTS", "SM_CURRENT_HOST", "SM_TRAINING_ENV")),
+    Entry("gcp", "gcp", ("CLUSTER_SPEC", "CLOUD_ML_JOB_ID")),  # gcp or vertex
+    Entry("kubeflow", "kubeflow", ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")),
+]
+
+
+def names() -> "list[str]":
+    """Every launcher name DISTENV_LAUNCHER accepts."""
+    out = []
+    for entry in LAUNCHERS:
+        out.extend(getattr(entry.load(), "aliases", (entry.name,)))
+    return out + ["none"]
+
+
+def find(name: str) -> "Entry | None":
+    for entry in LAUNCHERS + [NONE]:
+        if name == entry.name or name in getattr(entry.load(), "aliases", ()):
+            return entry
+    return None
+
+
+def register(source: Source, markers, before: "str | None" = None, platform: bool = False):
+    """Add a source (an instance) that becomes a candidate when one of `markers` is set.
+
+    `before` names an existing entry it must take precedence over (default: just before
+    the generic ``env`` launcher, or last among platforms).
+    """
+    table = PLATFORMS if platform else LAUNCHERS
+    entry = Entry(source.name, None, markers, source)
+    if before is None:
+        index = len(table) if platform else len(table) - 1
+    else:
+        index = next((i for i, e in enumerate(table) if e.name == before), None)
+        if index is None:
+            raise ValueError(f"no source named {before!r}")
+    table.insert(index, entry)
+    return entry

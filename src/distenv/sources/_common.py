@@ -1,0 +1,24 @@
+"""Helpers shared by sources (kept tiny: each source stays readable on its own)."""
+
+from __future__ import annotations
+
+from ..reading import get_int, Reading
+
+
+def read_counts(env, r: Reading, who: str, rank, size, local_rank=None, local_size=None):
+    """The four numbers most launchers give, each recorded with its variable."""
+    r.int_from(env, "rank", rank, who)
+    r.int_from(env, "world_size", size, who, minimum=1)
+    if local_rank:
+        r.int_from(env, "local_rank", local_rank, who)
+    if local_size:
+        r.int_from(env, "local_world_size", local_size, who, minimum=1)
+
+
+def first_int(env, names, who=""):
+    """(value, name) of the first variable present among `names`."""
+    for name in names:
+        value = get_int(env, name, who)
+        if value is not None:
+            return value, name
+    return None, None

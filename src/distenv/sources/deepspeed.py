@@ -1,0 +1,29 @@
+"""The DeepSpeed launcher (`deepspeed train.py`): torch variables plus LOCAL_SIZE and CROSS_*."""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import read_counts
+
+
+class DeepSpeedLauncher(Source):
+    name = "deepspeed"
+    title = "the DeepSpeed launcher"
+    owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+    def detect(self, env):
+        return "RANK" in env and "LOCAL_SIZE" in env
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE")
+        r.int_from(env, "node_rank", "CROSS_RANK", self.title)
+        r.int_from(env, "num_nodes", "CROSS_SIZE", self.title, minimum=1)
+        r.set("nproc_per_node", r.get("local_world_size"), "LOCAL_SIZE (same on every node)")
+        if env.get("MASTER_ADDR"):
+            r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR (set by the DeepSpeed launcher)")
+        r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)
+
+
+SOURCE = DeepSpeedLauncher()

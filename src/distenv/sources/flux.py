@@ -1,0 +1,24 @@
+"""Flux (`flux run` / `flux submit`)."""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import read_counts
+
+
+class Flux(Source):
+    name = "flux"
+    title = "Flux"
+    can_be_per_node = True
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        read_counts(env, r, self.title, "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID")
+        r.int_from(env, "num_nodes", "FLUX_JOB_NNODES", self.title, minimum=1)
+        r.set("job_id", env.get("FLUX_JOB_ID"), "FLUX_JOB_ID")
+        if env.get("FLUX_JOB_ID"):
+            r.port_key = "flux:" + env["FLUX_JOB_ID"]
+
+
+SOURCE = Flux()

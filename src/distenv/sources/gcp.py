@@ -1,0 +1,138 @@
+"""Google Cloud AI Platform Training and Vertex AI custom jobs.
+
+Both describe the cluster in CLUSTER_SPEC (JSON: cluster -> task type -> ["host:port"],
+task -> {type, index}); AI Platform names the pools master/worker/ps/evaluator, Vertex
+workerpool0..3 (0: the primary replica, 1: workers, 2: parameter or reduction servers,
+3: evaluators). PyTorch containers also get RANK = the *node* index and WORLD_SIZE = the
+node count. Each replica runs one process: a per-node launch whose workers (one per GPU
+by default) are yet to be started. CLUSTER_SPEC is used by unrelated systems too, so its
+shape is checked before it is believed.
+"""
+
+from __future__ import annotations
+
+from ..description import PER_NODE
+from ..errors import DistEnvError
+from ..reading import get_int, parse_json
+from . import Source
+
+PRIMARY = ("master", "chief", "workerpool0")
+WORKERS = ("worker", "workerpool1")
+
+
+def cluster_spec(env) -> "dict | None":
+    """The parsed CLUSTER_SPEC when it has the TensorFlow-style shape, else None."""
+    raw = env.get("CLUSTER_SPEC")
+    if not raw:
+        return None
+    spec = parse_json(raw, "CLUSTER_SPEC")
+    if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict):
+        return None
+    if not all(isinstance(v, list) for v in spec["cluster"].values()):
+        return None
+    return spec
+
+
+def flavour(spec) -> str:
+    return "vertex" if any(k.startswith("workerpool") for k in spec["cluster"]) else "gcp"
+
+
+def training_nodes(spec) -> "list[str]":
+    """host:port of every training replica in node-rank order (primary first)."""
+    cluster = spec["cluster"]
+    out = []
+    for kind in PRIMARY + WORKERS:
+        out.extend(str(x) for x in cluster.get(kind, ()))
+    return out
+
+
+def task_node_rank(spec) -> "int | None":
+    task = spec.get("task")
+    if not isinstance(task, dict):
+        return None
+    kind, index = task.get("type"), task.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise DistEnvError(f"CLUSTER_SPEC task index {index!r} is not a non-negative integer.")
+    cluster = spec["cluster"]
+    offset = 0
+    for pool in PRIMARY + WORKERS:
+        if pool == kind:
+            if index >= len(cluster.get(pool, ())):
+                raise DistEnvError(
+                    f"CLUSTER_SPEC task {kind}[{index}] is not in its cluster "
+                    f"({len(cluster.get(pool, ()))} {kind} replica(s))."
+                )
+            return offset + index
+        offset += len(cluster.get(pool, ()))
+    return None  # ps / evaluator / reduction server: not a training worker
+
+
+class GoogleCloud(Source):
+    name = "gcp"
+    title = "Google Cloud"
+    aliases = ("gcp", "vertex")
+    owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+    def detect(self, env):
+        spec = cluster_spec(env)
+        if spec is None:
+            return False
+        # A TensorFlow job without torch variables: each TF_CONFIG task is one process,
+        # which the TF_CONFIG source describes better.
+        return "RANK" in env or "TF_CONFIG" not in env
+
+    def read(self, env, r):
+        spec = cluster_spec(env)
+        kind = flavour(spec)
+        r.launch = PER_NODE
+        r.set("launcher", kind, "CLUSTER_SPEC: the platform started one process per replica")
+        nodes = training_nodes(spec)
+        from_spec = task_node_rank(spec)
+        rank = get_int(env, "RANK", kind)
+        if rank is not None:
+            r.set("node_rank", rank, f"RANK={rank} (on {kind}, the node index)")
+            if from_spec is not None and from_spec != rank:
+                raise DistEnvError(
+                    f"RANK={rank} contradicts CLUSTER_SPEC, whose task is node {from_spec} "
+                    "(primary pool first, then workers)."
+                )
+        elif from_spec is not None:
+            r.set("node_rank", from_spec, "CLUSTER_SPEC task (primary pool first, then workers)")
+        else:
+            task = spec.get("task") or {}
+            raise DistEnvError(
+                f"CLUSTER_SPEC task {task.get('type')!r} is not a training replica "
+                "(parameter server, reduction server or evaluator): it has no rank."
+            )
+        size = get_int(env, "WORLD_SIZE", kind, minimum=1)
+        if size is not None:
+            r.set("num_nodes", size, f"WORLD_SIZE={size} (on {kind}, the node count)")
+            if nodes and len(nodes) != size:
+                raise DistEnvError(
+                    f"WORLD_SIZE={size} contradicts CLUSTER_SPEC, which lists "
+                    f"{len(nodes)} training replica(s)."
+                )
+        elif nodes:
+            r.set("num_nodes", len(nodes), "CLUSTER_SPEC training replicas")
+        if nodes:
+            r.set("hosts", [n.rsplit(":", 1)[0] for n in nodes], "CLUSTER_SPEC training replicas")
+        if env.get("MASTER_ADDR"):
+            r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR (set by the platform)")
+        elif nodes:
+            r.set("master_addr", nodes[0].rsplit(":", 1)[0], "CLUSTER_SPEC primary replica")
+        r.int_from(env, "master_port", "MASTER_PORT", kind, minimum=1)
+        job = env.get("CLOUD_ML_JOB_ID")
+        r.set("job_id", job, "CLOUD_ML_JOB_ID")
+        if job:
+            r.port_key = "gcp:" + job
+
+    def platform(self, env) -> "str | None":
+        spec = cluster_spec(env)
+        if spec is not None:
+            return flavour(spec)
+        if env.get("CLOUD_ML_JOB_ID"):
+            return "vertex" if any(k.startswith("AIP_") for k in env) else "gcp"
+        return None
+
+
+SOURCE = GoogleCloud()

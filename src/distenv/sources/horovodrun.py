@@ -1,0 +1,29 @@
+"""horovodrun in Gloo mode (in MPI mode it runs mpirun, and the MPI source answers)."""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import read_counts
+
+
+class HorovodRun(Source):
+    name = "horovodrun"
+    title = "horovodrun"
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        read_counts(env, r, self.title, "HOROVOD_RANK", "HOROVOD_SIZE",
+                    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+        # Horovod numbers hosts in the order given to -H, rank 0 on the first.
+        r.int_from(env, "node_rank", "HOROVOD_CROSS_RANK", self.title)
+        r.int_from(env, "num_nodes", "HOROVOD_CROSS_SIZE", self.title, minimum=1)
+        addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+        port = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+        if addr and port:
+            # The rendezvous server belongs to horovodrun, not to rank 0: it identifies the
+            # job (for the port rule) but is not a master address.
+            r.port_key = f"horovod:{addr}:{port}"
+
+
+SOURCE = HorovodRun()

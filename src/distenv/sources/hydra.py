@@ -1,0 +1,46 @@
+"""MPICH and Intel MPI, both started by the Hydra process manager (`mpiexec`).
+
+Hydra gives PMI_RANK/PMI_SIZE (with `-pmi-port`: PMI_ID and *no size*) and the local
+MPI_LOCALRANKID/MPI_LOCALNRANKS; Intel MPI adds HYDRA_BSTRAP_NODE_ID, a node index.
+No head-node address is given. SLURM's own PMI-2 plugin also sets PMI_RANK, but not
+MPI_LOCALRANKID, so those processes are left to the SLURM source.
+"""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import first_int
+
+
+class Hydra(Source):
+    name = "mpich"
+    title = "MPICH (Hydra)"
+    aliases = ("mpich", "intelmpi", "impi", "hydra")
+    can_be_per_node = True
+
+    def detect(self, env):
+        return "MPI_LOCALRANKID" in env
+
+    def read(self, env, r):
+        intel = any(k.startswith("I_MPI_") for k in env) or "HYDRA_BSTRAP_NODE_ID" in env
+        who = "Intel MPI" if intel else "MPICH"
+        r.set("launcher", "intelmpi" if intel else "mpich",
+              "I_MPI_*/HYDRA_BSTRAP_NODE_ID present" if intel else "PMI_RANK with MPI_LOCALRANKID")
+        r.launch = PER_PROCESS
+        value, var = first_int(env, ("PMI_RANK", "PMI_ID"), who)
+        r.set("rank", value, f"{var}={value}")
+        r.int_from(env, "world_size", "PMI_SIZE", who, minimum=1)
+        if "PMI_SIZE" not in env:
+            r.notes.append("Hydra with -pmi-port gives no world size (no PMI_SIZE); "
+                           "set WORLD_SIZE or run mpiexec without -pmi-port")
+        r.int_from(env, "local_rank", "MPI_LOCALRANKID", who)
+        r.int_from(env, "local_world_size", "MPI_LOCALNRANKS", who, minimum=1)
+        r.int_from(env, "node_rank", "HYDRA_BSTRAP_NODE_ID", who)
+        for var in ("PMI_KVSNAME", "PMI_JOBID"):
+            if env.get(var):
+                r.port_key = f"hydra:{env[var]}"
+                break
+
+
+SOURCE = Hydra()

@@ -1,0 +1,27 @@
+"""LSF `jsrun` (IBM Job Step Manager)."""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import read_counts
+
+
+class Jsrun(Source):
+    name = "lsf"
+    title = "LSF jsrun"
+    aliases = ("lsf", "jsrun")
+    can_be_per_node = True
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        read_counts(env, r, self.title, "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE",
+                    "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE")
+        job = env.get("LSB_JOBID")
+        r.set("job_id", job, "LSB_JOBID")
+        if job:
+            # Several jsrun steps of one job may run at once: the step id tells them apart.
+            r.port_key = f"lsf:{job}:{env.get('JSM_NAMESPACE_ID', env.get('PMIX_NAMESPACE', ''))}"
+
+
+SOURCE = Jsrun()

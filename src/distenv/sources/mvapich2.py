@@ -1,0 +1,21 @@
+"""MVAPICH2 (mpirun_rsh or its Hydra): MV2_COMM_WORLD_* variables."""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import read_counts
+
+
+class Mvapich2(Source):
+    name = "mvapich2"
+    title = "MVAPICH2"
+    can_be_per_node = True
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        read_counts(env, r, self.title, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+                    "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+SOURCE = Mvapich2()

@@ -1,0 +1,34 @@
+"""Cray PALS (PBS `mpiexec` on HPE/Cray systems).
+
+There is no PALS world-size variable: PMI_SIZE gives it. PALS_LOCAL_SIZE is the *local*
+size. The node list is only in the file $PBS_NODEFILE, which resolution does not read.
+"""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import first_int
+
+
+class Pals(Source):
+    name = "pals"
+    title = "Cray PALS"
+    can_be_per_node = True
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        r.int_from(env, "rank", "PALS_RANKID", self.title)
+        r.int_from(env, "world_size", "PMI_SIZE", self.title, minimum=1)
+        value, var = first_int(env, ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"), self.title)
+        r.set("local_rank", value, f"{var}={value}")
+        value, var = first_int(env, ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"), self.title)
+        r.set("local_world_size", value, f"{var}={value}")
+        r.int_from(env, "node_rank", "PALS_NODEID", self.title)
+        job = env.get("PBS_JOBID") or env.get("PALS_APID")
+        r.set("job_id", job, "PBS_JOBID" if env.get("PBS_JOBID") else "PALS_APID")
+        if env.get("PALS_APID"):
+            r.port_key = "pals:" + env["PALS_APID"]
+
+
+SOURCE = Pals()

@@ -1,0 +1,83 @@
+"""Amazon SageMaker training jobs.
+
+SM_HOSTS (JSON list, e.g. ["algo-1","algo-2"]) and SM_CURRENT_HOST name the nodes.
+Without a distribution option SageMaker runs the entry point once per host: a per-node
+launch (its own torchrun runner uses hosts[0] as master and node_rank = hosts.index).
+With `mpi` it runs mpirun from the first host over the hosts in SM_HOSTS order, so the
+Open MPI source answers and this platform adds the host list and the master host.
+"""
+
+from __future__ import annotations
+
+from ..description import PER_NODE
+from ..errors import DistEnvError
+from ..reading import get_int, parse_json, show
+from . import Source
+
+
+def hosts(env) -> "list[str] | None":
+    raw = env.get("SM_HOSTS")
+    if raw is None:
+        return None
+    value = parse_json(raw, "SM_HOSTS")
+    if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
+        raise DistEnvError(f"SM_HOSTS must be a non-empty JSON list of host names, got {show(raw)}.")
+    if len(set(value)) != len(value):
+        raise DistEnvError(f"SM_HOSTS lists a host twice: {show(raw)}.")
+    return value
+
+
+def current_index(env, names) -> "int | None":
+    current = env.get("SM_CURRENT_HOST")
+    if current is None:
+        return None
+    if current not in names:
+        raise DistEnvError(
+            f"SM_CURRENT_HOST={show(current)} is not in SM_HOSTS={show(env.get('SM_HOSTS'))}."
+        )
+    return names.index(current)
+
+
+class SageMaker(Source):
+    name = "sagemaker"
+    title = "SageMaker"
+
+    def detect(self, env):
+        return "SM_CURRENT_HOST" in env
+
+    def read(self, env, r):
+        names = hosts(env)
+        r.launch = PER_NODE
+        r.set("launcher", "sagemaker", "SM_HOSTS without a launcher: SageMaker ran one process per host")
+        r.set("hosts", names, "SM_HOSTS")
+        r.set("num_nodes", len(names), "SM_HOSTS")
+        r.set("node_rank", current_index(env, names), "SM_CURRENT_HOST's place in SM_HOSTS")
+        r.set("master_addr", names[0], "first host of SM_HOSTS (SageMaker's own runner uses it)")
+        gpus = get_int(env, "SM_NUM_GPUS", "SageMaker")
+        if gpus:
+            r.nproc_source = (str(gpus), f"SM_NUM_GPUS={gpus}")
+        self._job(env, r)
+
+    def overlay(self, env, r):
+        names = hosts(env)
+        if not names:
+            return
+        r.default("hosts", names, "SM_HOSTS")
+        if r.get("num_nodes") is None and r.get("local_world_size") != r.get("world_size"):
+            r.set("num_nodes", len(names), "SM_HOSTS")
+        if r.get("node_rank") is None and len(names) > 1:
+            r.set("node_rank", current_index(env, names),
+                  "SM_CURRENT_HOST's place in SM_HOSTS (SageMaker's mpirun fills hosts in that order)")
+        if len(names) > 1:
+            r.default("master_addr", names[0], "first host of SM_HOSTS (SageMaker runs mpirun there)")
+        self._job(env, r)
+
+    @staticmethod
+    def _job(env, r):
+        job = env.get("TRAINING_JOB_NAME")
+        if job:
+            r.default("job_id", job, "TRAINING_JOB_NAME")
+            r.port_key = r.port_key or "sagemaker:" + job
+
+
+SOURCE = SageMaker()

@@ -1,0 +1,33 @@
+"""A single process: nothing launched it distributed (or DISTENV_LAUNCHER=none)."""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from .slurm import step_id
+
+
+class Single(Source):
+    name = "none"
+    title = "no launcher"
+    aliases = ("none",)
+    can_be_per_node = True
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        why = "a single process: no launcher variables found"
+        for field, value in (("rank", 0), ("local_rank", 0), ("world_size", 1),
+                             ("local_world_size", 1), ("node_rank", 0), ("num_nodes", 1)):
+            r.set(field, value, why)
+        job = env.get("SLURM_JOB_ID")
+        if job:
+            r.set("job_id", job, "SLURM_JOB_ID")
+            kind = "batch script" if env.get("SLURM_PROCID") is not None and step_id(env) is None \
+                else "allocation shell (salloc) or batch step"
+            r.notes.append(
+                f"inside SLURM job {job} but not an srun task: this {kind} is one process. "
+                "Start the tasks with srun (e.g. `srun python train.py`)."
+            )
+
+
+SOURCE = Single()

@@ -1,0 +1,91 @@
+"""TF_CONFIG: TensorFlow's cluster description, one process per task.
+
+cluster: {chief|master: [...], worker: [...], ps: [...], evaluator: [...]} of "host:port";
+task: {type, index}. Training workers are ranked chief first, then workers; parameter
+servers and evaluators take part without a rank. Tasks on the same host string share a
+node; nodes are ordered by their lowest rank.
+"""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from ..errors import DistEnvError
+from ..reading import parse_json, show
+from . import Source
+
+CHIEFS = ("chief", "master")
+TRAINING = CHIEFS + ("worker",)
+
+
+def parse(raw: str, name: str = "TF_CONFIG") -> dict:
+    config = parse_json(raw, name)
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise DistEnvError(f"{name} has no 'cluster' mapping: {show(raw)}.")
+    cluster = config["cluster"]
+    for kind, tasks in cluster.items():
+        if not isinstance(tasks, list) or not all(isinstance(t, str) and ":" in t for t in tasks):
+            raise DistEnvError(f"{name} cluster[{kind!r}] must be a list of 'host:port' strings.")
+    if sum(len(cluster[k]) for k in CHIEFS if k in cluster) > 1:
+        raise DistEnvError(f"{name} lists more than one chief.")
+    task = config.get("task")
+    if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+        raise DistEnvError(f"{name} has no task type: distenv cannot tell which task this is.")
+    index = task.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise DistEnvError(f"{name} task index {index!r} is not an integer.")
+    tasks = cluster.get(task["type"])
+    if tasks is None or not 0 <= index < len(tasks):
+        raise DistEnvError(
+            f"{name} task {task['type']}[{index}] is not in its cluster "
+            f"({len(tasks or ())} {task['type']} task(s))."
+        )
+    return config
+
+
+def workers(config) -> "list[str]":
+    cluster = config["cluster"]
+    return [t for kind in TRAINING for t in cluster.get(kind, ())]
+
+
+class TFConfig(Source):
+    name = "tf_config"
+    title = "TF_CONFIG"
+    aliases = ("tf_config", "tensorflow")
+
+    def read(self, env, r):
+        config = parse(env["TF_CONFIG"])
+        task = config["task"]
+        kind, index = task["type"], task.get("index", 0)
+        r.launch = PER_PROCESS
+        members = workers(config)
+        cluster = config["cluster"]
+        r.set("world_size", len(members), "TF_CONFIG cluster (chief + workers)")
+        hosts = []
+        for entry in members:
+            host = entry.rsplit(":", 1)[0]
+            if host not in hosts:
+                hosts.append(host)
+        r.set("hosts", hosts, "TF_CONFIG cluster hosts, in rank order")
+        r.set("num_nodes", len(hosts), "distinct hosts in TF_CONFIG")
+        if members:
+            r.set("master_addr", hosts[0], "TF_CONFIG: host of the chief (or worker 0)")
+        if kind in TRAINING:
+            chiefs = sum(len(cluster.get(k, ())) for k in CHIEFS)
+            rank = index if kind in CHIEFS else chiefs + index
+            mine = members[rank].rsplit(":", 1)[0]
+            same = [i for i, m in enumerate(members) if m.rsplit(":", 1)[0] == mine]
+            why = f"TF_CONFIG task {kind}[{index}]"
+            r.set("rank", rank, why + " (chief first, then workers)")
+            r.set("local_rank", same.index(rank), why + " among tasks on the same host")
+            r.set("local_world_size", len(same), "tasks on the same host in TF_CONFIG")
+            r.set("node_rank", hosts.index(mine), "host order in TF_CONFIG")
+        else:
+            r.notes.append(f"TF_CONFIG task {kind}[{index}] is not a training worker: it has no rank")
+        counts = [sum(1 for m in members if m.rsplit(":", 1)[0] == h) for h in hosts]
+        if counts and all(c == counts[0] for c in counts):
+            r.set("nproc_per_node", counts[0], "tasks per host in TF_CONFIG")
+        # Same on every task of the job, different across jobs: the cluster itself.
+        r.port_key = "tf:" + ",".join(members)
+
+
+SOURCE = TFConfig()

@@ -1,0 +1,38 @@
+"""torchrun / torch.distributed.run (and legacy torch.distributed.launch, which runs it).
+
+torchrun describes its workers completely; when it was started inside another launcher
+(srun, mpirun, a Kubeflow pod) its variables describe the worker and win.
+"""
+
+from __future__ import annotations
+
+from ..description import PER_PROCESS
+from . import Source
+from ._common import read_counts
+
+
+class TorchRun(Source):
+    name = "torchrun"
+    title = "torchrun"
+    owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "MASTER_ADDR", "MASTER_PORT")
+    aliases = ("torchrun", "torch.distributed.launch", "torchelastic")
+
+    def read(self, env, r):
+        r.launch = PER_PROCESS
+        read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        r.int_from(env, "node_rank", "GROUP_RANK", self.title)
+        r.int_from(env, "num_nodes", "GROUP_WORLD_SIZE", self.title, minimum=1)
+        lws = r.get("local_world_size")
+        # torchrun starts the same number of workers on every node it manages.
+        r.set("nproc_per_node", lws, "LOCAL_WORLD_SIZE (torchrun starts as many on every node)")
+        if env.get("MASTER_ADDR"):
+            r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR (set by torchrun)")
+        r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)
+        r.set("job_id", env.get("TORCHELASTIC_RUN_ID"), "TORCHELASTIC_RUN_ID")
+        restarts = env.get("TORCHELASTIC_RESTART_COUNT")
+        if restarts not in (None, "", "0"):
+            r.notes.append(f"torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={restarts})")
+
+
+SOURCE = TorchRun()
