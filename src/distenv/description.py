@@ -83,7 +83,8 @@ class DistEnv:
     @property
     def is_distributed(self) -> bool:
         """True when more than one worker takes part (or the node must spawn workers)."""
-        return self.launch == PER_NODE or (self.world_size or 1) > 1
+        # An unknown world size (MPICH -pmi-port) is a distributed job we cannot describe fully.
+        return self.launch == PER_NODE or self.world_size != 1
 
     @property
     def is_main(self) -> bool:

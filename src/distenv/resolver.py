@@ -233,8 +233,12 @@ def _master(env, r, source, overrides):
         if mine is not None and mine != given:
             r.notes.append(f"MASTER_ADDR={given} is used instead of {mine} ({r.why['master_addr']})")
         r.set("master_addr", given, "MASTER_ADDR (given by the user)")
-    if r.get("num_nodes") == 1:
-        r.default("master_addr", LOOPBACK, "one node: loopback")
+    explicit = "MASTER_ADDR" in owns or "master_addr" in overrides or \
+        r.why.get("master_addr", "").startswith("MASTER_ADDR")
+    if r.get("num_nodes") == 1 and not explicit:
+        # Loopback always works on one node; a host name derived from the launcher may not
+        # resolve, and an interface address may be firewalled.
+        r.set("master_addr", LOOPBACK, "one node: loopback")
 
     if "master_port" not in overrides and env.get("MASTER_PORT") and "MASTER_PORT" not in owns:
         r.set("master_port", parse_int(env["MASTER_PORT"], "MASTER_PORT", minimum=1),
