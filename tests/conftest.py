@@ -31,3 +31,14 @@ def fake_gpus(monkeypatch, tmp_path):
         monkeypatch.setattr(distenv.gpus, "NVIDIA_DIR", str(d))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def no_gpus_session(tmp_path_factory):
+    """Session-wide: GPU discovery sees no driver (for hypothesis tests)."""
+    import distenv.gpus
+
+    old = distenv.gpus.NVIDIA_DIR
+    distenv.gpus.NVIDIA_DIR = str(tmp_path_factory.mktemp("gpus") / "none")
+    yield
+    distenv.gpus.NVIDIA_DIR = old
