@@ -31,6 +31,8 @@ run() { # name argv...  -> checks output
   [ $ok = 1 ] && echo "PASS $name ($(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}') s)" || { echo "FAIL $name"; return 1; }
 }
 
+build_only=0; [ "${1:-}" = --build-only ] && { build_only=1; shift; }
+run_() { [ $build_only = 1 ] || run "$@"; }
 want=${*:-ompi4 ompi5 mpich4 mpich5 impi}
 rc=0
 for m in $want; do
@@ -38,31 +40,31 @@ for m in $want; do
   ompi4)
     command -v mpicc.openmpi >/dev/null || { echo "SKIP ompi4"; continue; }
     build ompi4 mpicc.openmpi
-    run ompi4 "${ON1[@]}" mpirun --allow-run-as-root -np 4 -H node1:2,node2:2 \
+    run_ ompi4 "${ON1[@]}" mpirun --allow-run-as-root -np 4 -H node1:2,node2:2 \
       --mca plm_rsh_agent "$SSH" --mca oob_tcp_if_include "$NET" --mca btl_tcp_if_include "$NET" \
       "$B/hello-ompi4" || rc=1 ;;
   ompi5)
     [ -x "$L/openmpi5/bin/mpirun" ] || { echo "SKIP ompi5"; continue; }
     build ompi5 "$L/openmpi5/bin/mpicc"
-    run ompi5 "${ON1[@]}" "$L/openmpi5/bin/mpirun" --allow-run-as-root -np 4 -H node1:2,node2:2 \
+    run_ ompi5 "${ON1[@]}" "$L/openmpi5/bin/mpirun" --allow-run-as-root -np 4 -H node1:2,node2:2 \
       --map-by ppr:2:node --prtemca plm_ssh_agent "$SSH" \
       --prtemca oob_tcp_if_include "$NET" --mca btl_tcp_if_include "$NET" \
       "$B/hello-ompi5" || rc=1 ;;
   mpich4)
     command -v mpicc.mpich >/dev/null || { echo "SKIP mpich4"; continue; }
     build mpich4 mpicc.mpich
-    run mpich4 "${ON1[@]}" mpiexec.mpich -np 4 -hosts node1:2,node2:2 \
+    run_ mpich4 "${ON1[@]}" mpiexec.mpich -np 4 -hosts node1:2,node2:2 \
       -launcher ssh -launcher-exec "$SSH" "$B/hello-mpich4" || rc=1 ;;
   mpich5)
     [ -x "$L/mpich5/bin/mpiexec" ] || { echo "SKIP mpich5"; continue; }
     build mpich5 "$L/mpich5/bin/mpicc"
-    run mpich5 "${ON1[@]}" "$L/mpich5/bin/mpiexec" -np 4 -hosts node1:2,node2:2 \
+    run_ mpich5 "${ON1[@]}" "$L/mpich5/bin/mpiexec" -np 4 -hosts node1:2,node2:2 \
       -launcher ssh -launcher-exec "$SSH" "$B/hello-mpich5" || rc=1 ;;
   impi)
     [ -x "$L/impi/bin/mpiexec.hydra" ] || { echo "SKIP impi"; continue; }
     # impi-rt ships no mpicc: build against MPICH's headers (same ABI) and Intel's libmpi.so.12
     build impi gcc -I/usr/include/x86_64-linux-gnu/mpich -L"$L/impi/lib" -Wl,-rpath,"$L/impi/lib" -lmpi
-    run impi "${ON1[@]}" "$L/impi/bin/mpiexec.hydra" -np 4 -hosts node1,node2 -ppn 2 \
+    run_ impi "${ON1[@]}" "$L/impi/bin/mpiexec.hydra" -np 4 -hosts node1,node2 -ppn 2 \
       -bootstrap ssh -bootstrap-exec "$SSH" "$B/hello-impi" || rc=1 ;;
   *) echo "unknown: $m" >&2; rc=2 ;;
   esac
