@@ -35,7 +35,10 @@ pkg_installed() {
 apt_install() {
     local missing=() p
     for p in "$@"; do pkg_installed "$p" || missing+=("$p"); done
-    [ "${#missing[@]}" -eq 0 ] && return 0
+    if [ "${#missing[@]}" -eq 0 ]; then
+        log "already installed: $*"
+        return 0
+    fi
     local marker=/var/lib/apt/lists/.distenv-apt-updated
     if [ ! -e "$marker" ]; then
         log "apt-get update"
@@ -53,6 +56,7 @@ venv_pip_install() {
     local venv="$1"; shift
     local want="$*"
     if [ -f "$venv/.distenv-installed" ] && [ "$(cat "$venv/.distenv-installed")" = "$want" ]; then
+        log "already installed: $want in $venv"
         return 0
     fi
     if [ ! -x "$venv/bin/python" ]; then
