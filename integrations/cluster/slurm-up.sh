@@ -65,6 +65,7 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
+MailProg=/bin/true
 FirstJobId=5000
 MinJobAge=60
 KillWait=5
