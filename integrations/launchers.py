@@ -11,6 +11,7 @@ Command line (standard library only):
     python3 integrations/launchers.py                    # the table, and what is installed
     python3 integrations/launchers.py argv openmpi5 4    # shell-quoted argv prefix
     python3 integrations/launchers.py env slurm          # `export` lines the launcher needs
+    python3 integrations/launchers.py check [NAME...]    # run 2 ranks with each installed one
 
 Names: openmpi4 openmpi5 mpich4 mpich5 intelmpi slurm torchrun. Each entry names its install
 script (idempotent; prints the binary's path) and, for SLURM, the script that starts the
@@ -113,6 +114,36 @@ def get(name: str) -> Launcher:
         raise KeyError(f"unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}") from None
 
 
+def _check(names: list[str], n: int = 2) -> int:
+    """Launch record_env.py as `n` ranks with each named, installed launcher."""
+    import json
+    import subprocess
+
+    rec = INTEGRATIONS / "record" / "record_env.py"
+    bad = 0
+    for name in names:
+        l = get(name)
+        if not l.available():
+            print(f"{name:9} SKIP (not installed: {' '.join(l.install) or 'torch'})")
+            continue
+        env = {**os.environ, **l.env()}
+        if l.family == "slurm" and not Path(env["SLURM_CONF"]).exists():
+            print(f"{name:9} SKIP (not started: eval \"$({l.start})\")")
+            continue
+        cmd = l.argv(n) + [sys.executable, str(rec)]
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+            ok = p.returncode == 0 and len(lines) == n
+        except (subprocess.TimeoutExpired, ValueError) as e:
+            ok, p = False, e
+        print(f"{name:9} {'ok  ' if ok else 'FAIL'} {shlex.join(cmd)}")
+        if not ok:
+            bad += 1
+            print(getattr(p, "stderr", p), file=sys.stderr)
+    return 1 if bad else 0
+
+
 def _main(args: list[str]) -> int:
     if not args or args[0] in ("table", "list"):
         for l in LAUNCHERS.values():
@@ -132,6 +163,8 @@ def _main(args: list[str]) -> int:
         for k, v in get(args[1]).env().items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
+    if args[0] == "check":
+        return _check(args[1:] or list(LAUNCHERS))
     if args[0] == "available" and len(args) == 2:
         return 0 if get(args[1]).available() else 1
     print(__doc__, file=sys.stderr)
