@@ -59,13 +59,14 @@ venv_pip_install() {
         log "already installed: $want in $venv"
         return 0
     fi
-    if [ ! -x "$venv/bin/python" ]; then
-        if ! "$DISTENV_PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
-            apt_install python3-venv
-        fi
+    if [ ! -x "$venv/bin/pip" ]; then
         log "creating venv $venv"
         mkdir -p "$(dirname "$venv")"
-        "$DISTENV_PYTHON" -m venv "$venv"
+        if ! "$DISTENV_PYTHON" -m venv --clear "$venv" >/dev/null 2>&1; then
+            # Debian's own python3 needs python3-venv for ensurepip.
+            apt_install python3-venv
+            "$DISTENV_PYTHON" -m venv --clear "$venv"
+        fi
     fi
     log "pip install $want into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@"
@@ -94,12 +95,12 @@ pid_alive() {
 
 # kill_pidfile PIDFILE [NAME]: TERM the process, wait up to 5 s, then KILL; removes the file.
 kill_pidfile() {
-    local f="$1" name="${2:-$1}" pid i
+    local f="$1" name="${2:-$1}" pid
     [ -s "$f" ] || { rm -f "$f"; return 0; }
     pid=$(cat "$f")
     if kill -0 "$pid" 2>/dev/null; then
         kill "$pid" 2>/dev/null || true
-        for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         if kill -0 "$pid" 2>/dev/null; then
             log "$name ($pid) ignored TERM; sending KILL"
             kill -9 "$pid" 2>/dev/null || true

@@ -114,6 +114,15 @@ def get(name: str) -> Launcher:
         raise KeyError(f"unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}") from None
 
 
+def _slurm_up() -> bool:
+    """True when the one-node SLURM of integrations/slurm/start.sh is running."""
+    try:
+        os.kill(int((run_dir() / "slurm1" / "slurmctld.pid").read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def _check(names: list[str], n: int = 2) -> int:
     """Launch record_env.py as `n` ranks with each named, installed launcher."""
     import json
@@ -127,7 +136,7 @@ def _check(names: list[str], n: int = 2) -> int:
             print(f"{name:9} SKIP (not installed: {' '.join(l.install) or 'torch'})")
             continue
         env = {**os.environ, **l.env()}
-        if l.family == "slurm" and not Path(env["SLURM_CONF"]).exists():
+        if l.family == "slurm" and not _slurm_up():
             print(f"{name:9} SKIP (not started: eval \"$({l.start})\")")
             continue
         cmd = l.argv(n) + [sys.executable, str(rec)]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2046  # $(L ...) is split into words on purpose (see L below)
 # Records what every single-node launcher layout really puts in the environment of its
 # ranks, one fixture per layout: tests/fixtures/launchers/<layout>.json (see collect.py
 # for the format, record_env.py for which variables and which values are kept).
@@ -22,7 +23,12 @@ PY="$DISTENV_REPO_DIR/.venv/bin/python"
 [ -x "$PY" ] || PY="$(command -v python3)"
 REC="$here/record_env.py"
 TORCHRUN="${DISTENV_TORCHRUN:-$DISTENV_REPO_DIR/.venv/bin/torchrun}"
-L() { "$PY" "$I/launchers.py" argv "$@"; }   # argv prefix from the launcher table
+# L NAME N: the argv prefix from the launcher table (integrations/launchers.py). Used
+# unquoted on purpose, to split it into words: the paths in it must have no blanks.
+L() { "$PY" "$I/launchers.py" argv "$@"; }
+case "$DISTENV_LAUNCHERS_DIR$DISTENV_REPO_DIR" in
+    *[[:space:]]*) die "record_all.sh needs DISTENV_LAUNCHERS_DIR and the repo path without blanks" ;;
+esac
 
 # --- launchers ----------------------------------------------------------------------
 for s in openmpi/install.sh openmpi/install-5.sh mpich/install.sh mpich/install-5.sh \

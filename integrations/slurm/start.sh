@@ -54,7 +54,7 @@ runuser -u munge -- /usr/sbin/munged \
     --pid-file="$munge_dir/munged.pid" \
     --log-file="$munge_dir/munged.log" \
     --seed-file="$munge_dir/munged.seed"
-for i in $(seq 50); do [ -S "$munge_sock" ] && break; sleep 0.1; done
+for _ in $(seq 50); do [ -S "$munge_sock" ] && break; sleep 0.1; done
 munge -S "$munge_sock" -n </dev/null | unmunge -S "$munge_sock" >/dev/null \
     || die "munged is not answering on $munge_sock (see $munge_dir/munged.log)"
 
@@ -106,14 +106,14 @@ if command -v python3 >/dev/null; then
     setsid python3 "$here/reaper.py" "$run/slurmd.pid" -- slurmd -D -f "$conf" \
         </dev/null >>"$run/slurmd.out" 2>&1 &
     echo $! > "$run/reaper.pid"
-    for i in $(seq 50); do pid_alive "$run/slurmd.pid" && break; sleep 0.1; done
+    for _ in $(seq 50); do pid_alive "$run/slurmd.pid" && break; sleep 0.1; done
     pid_alive "$run/slurmd.pid" || die "slurmd failed to start (see $run/slurmd.log, $run/slurmd.out)"
 else
     slurmd -f "$conf" || die "slurmd failed to start (see $run/slurmd.log)"
 fi
 
 export SLURM_CONF="$conf"
-for i in $(seq 150); do
+for _ in $(seq 150); do
     state="$(sinfo -h -o %T 2>/dev/null | head -n1 || true)"
     [ "$state" = idle ] && break
     sleep 0.2

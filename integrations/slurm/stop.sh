@@ -13,7 +13,7 @@ if [ -f "$conf" ] && pid_alive "$run/slurmctld.pid"; then
     if [ -n "$(squeue -h -o %i 2>/dev/null)" ]; then
         log "cancelling jobs"
         scancel --full --user=root 2>/dev/null || true
-        for i in $(seq 100); do
+        for _ in $(seq 100); do
             [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
             sleep 0.1
         done
