@@ -53,7 +53,7 @@ def parse_json(raw: str, name: str):
 class Reading:
     """Fields a source found, each with why. Mutable while resolving, then frozen into DistEnv."""
 
-    __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source")
+    __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source", "addr_explicit")
 
     def __init__(self):
         self.values: dict = {}
@@ -63,6 +63,7 @@ class Reading:
         self.owns: tuple = ()  # canonical variables the source read with its own meaning
         self.port_key = None  # job identity for deriving a port every rank agrees on
         self.nproc_source = None  # (value, why) of a platform's own processes-per-node hint
+        self.addr_explicit = False  # the master address was named outright (not inferred)
 
     def set(self, field: str, value, why: str) -> None:
         if value is not None:

@@ -218,6 +218,8 @@ def _derive(r):
     size, local = r.get("world_size"), r.get("local_world_size")
     if size is not None and local is not None and size == local:
         r.default("num_nodes", 1, "world size = local world size: every rank on this node")
+    if r.get("num_nodes") == 2 and local is not None and size == 2 * local:
+        r.default("nproc_per_node", local, "two nodes, world = 2 x local world: as many on each")
     if r.get("num_nodes") == 1:
         r.default("node_rank", 0, "one node")
         if r.launch == PER_PROCESS:
@@ -233,7 +235,7 @@ def _master(env, r, source, overrides):
         if mine is not None and mine != given:
             r.notes.append(f"MASTER_ADDR={given} is used instead of {mine} ({r.why['master_addr']})")
         r.set("master_addr", given, "MASTER_ADDR (given by the user)")
-    explicit = "MASTER_ADDR" in owns or "master_addr" in overrides or \
+    explicit = r.addr_explicit or "MASTER_ADDR" in owns or "master_addr" in overrides or \
         r.why.get("master_addr", "").startswith("MASTER_ADDR")
     if r.get("num_nodes") == 1 and not explicit:
         # Loopback always works on one node; a host name derived from the launcher may not
@@ -269,41 +271,40 @@ def _check_canonical(env, r, source, overrides):
             )
 
 
+_COUNTS = ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
+           "num_nodes", "nproc_per_node", "master_port")
+_POSITIVE = ("world_size", "local_world_size", "num_nodes", "nproc_per_node", "master_port")
+# (a, b, strict): a < b when strict, else a <= b.
+_ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True),
+          ("node_rank", "num_nodes", True), ("local_world_size", "world_size", False),
+          ("num_nodes", "world_size", False))
+
+
+def _bad(text):
+    raise DistEnvError(text + " Fix: correct the launcher's variables or the override.")
+
+
 def _check_invariants(r):
     v, why = r.values, r.why
-
-    def bad(text):
-        raise DistEnvError(text + " Fix: correct the launcher's variables or the override.")
-
-    def check_below(low, high):
-        a, b = v.get(low), v.get(high)
-        if a is not None and b is not None and not a < b:
-            bad(f"{low}={a} ({why.get(low)}) must be below {high}={b} ({why.get(high)}).")
-
-    def check_at_most(low, high):
-        a, b = v.get(low), v.get(high)
-        if a is not None and b is not None and a > b:
-            bad(f"{low}={a} ({why.get(low)}) cannot exceed {high}={b} ({why.get(high)}).")
-
-    for field in ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
-                  "num_nodes", "nproc_per_node", "master_port"):
+    for field in _COUNTS:
         value = v.get(field)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            bad(f"{field}={show(value)} ({why.get(field)}) is not a non-negative integer.")
-    for field in ("world_size", "local_world_size", "num_nodes", "nproc_per_node", "master_port"):
+        if value is not None and (type(value) is not int or value < 0):
+            _bad(f"{field}={show(value)} ({why.get(field)}) is not a non-negative integer.")
+    for field in _POSITIVE:
         if v.get(field) == 0:
-            bad(f"{field}=0 ({why.get(field)}) must be at least 1.")
-    check_below("rank", "world_size")
-    check_below("local_rank", "local_world_size")
-    check_below("node_rank", "num_nodes")
-    check_at_most("local_world_size", "world_size")
-    check_at_most("num_nodes", "world_size")
+            _bad(f"{field}=0 ({why.get(field)}) must be at least 1.")
+    for low, high, strict in _ORDER:
+        a, b = v.get(low), v.get(high)
+        if a is not None and b is not None and (a >= b if strict else a > b):
+            relation = "must be below" if strict else "cannot exceed"
+            _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).")
     port = v.get("master_port")
     if port is not None and port > 65535:
-        bad(f"master_port={port} ({why.get('master_port')}) is not a TCP port (1-65535).")
+        _bad(f"master_port={port} ({why.get('master_port')}) is not a TCP port (1-65535).")
     hosts, nodes = v.get("hosts"), v.get("num_nodes")
     if hosts is not None and nodes is not None and len(hosts) != nodes:
-        bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
+        _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
     addr = v.get("master_addr")
-    if addr is not None and (not isinstance(addr, str) or not addr.strip() or any(c.isspace() for c in addr)):
-        bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
+    if addr is not None and (type(addr) is not str or not addr.strip() or not addr.isprintable()
+                             or " " in addr):
+        _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 try:
@@ -248,7 +248,7 @@ def test_error_is_a_value_error_and_default_var():
 
 
 def test_huge_value_is_truncated_in_message():
-    text = "n[1-2]," * 100_000 + "gpu[01-"
+    text = "n[1-2]," * 5_000 + "gpu[01-"
     with pytest.raises(DistEnvError) as info:
         expand_hostlist(text, var="SLURM_JOB_NODELIST")
     msg = str(info.value)
@@ -296,15 +296,15 @@ _lit = st.text(alphabet="abnz09.-_", max_size=4)
 
 
 @st.composite
-def _group(draw):
+def _group(draw, max_ranges=4, max_span=40):
     parts = []
-    for _ in range(draw(st.integers(1, 4))):
+    for _ in range(draw(st.integers(1, max_ranges))):
         lo = draw(st.integers(0, 2100))
         w = draw(st.integers(1, 5))
         if draw(st.booleans()):
             parts.append(str(lo).zfill(w))
         else:
-            hi = lo + draw(st.integers(0, 40))
+            hi = lo + draw(st.integers(0, max_span))
             parts.append(f"{str(lo).zfill(w)}-{str(hi).zfill(draw(st.integers(1, 5)))}")
     return "[" + ",".join(parts) + "]"
 
@@ -312,13 +312,15 @@ def _group(draw):
 @st.composite
 def _name(draw, max_groups):
     ngroups = draw(st.integers(0, max_groups))
+    # keep products of several groups small: at most ~10 names per group
+    group = _group() if max_groups <= 2 else _group(max_ranges=2, max_span=4)
     if ngroups == 0:
         return draw(_lit.filter(bool))
     out = draw(_lit)
     for i in range(ngroups):
         if i:
             out += draw(_lit)
-        out += draw(_group())
+        out += draw(group)
     return out  # nothing after the last group, as SLURM requires
 
 
@@ -336,9 +338,7 @@ def test_same_as_python_hostlist(text):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_hostlists(max_groups=4))
 def test_same_as_slurm_reference(text):
-    expected = slurm_reference(text)
-    assume(len(expected) <= 20_000)
-    assert expand_hostlist(text) == expected
+    assert expand_hostlist(text) == slurm_reference(text)
 
 
 @settings(max_examples=200, deadline=None)
@@ -365,8 +365,31 @@ def _max_groups_per_name(text: str) -> int:
 _garbage_alphabet = "[]-,0123456789an. \t\n(x)"
 
 
-@settings(max_examples=1000, deadline=None)
-@given(st.one_of(st.text(alphabet=_garbage_alphabet, max_size=30), st.text(max_size=30)))
+@st.composite
+def _mutated_hostlist(draw):
+    """A valid host list with a few characters inserted, deleted or replaced."""
+    text = draw(_hostlists(max_groups=2))
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(text)))
+        ch = draw(st.sampled_from("[]-,,09a \t"))
+        op = draw(st.sampled_from(("insert", "delete", "replace")))
+        if op == "insert":
+            text = text[:i] + ch + text[i:]
+        elif op == "delete":
+            text = text[:i] + text[i + 1 :]
+        else:
+            text = text[:i] + ch + text[i + 1 :]
+    return text
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet=_garbage_alphabet, max_size=30),
+        st.text(max_size=30),
+        _mutated_hostlist(),
+    )
+)
 def test_garbage_gives_a_list_or_distenv_error(text):
     try:
         got = expand_hostlist(text, var="GARBAGE")

@@ -22,3 +22,17 @@ def first_int(env, names, who=""):
         if value is not None:
             return value, name
     return None, None
+
+
+def block_layout(r, why: str) -> None:
+    """Node rank for a platform that documents a block layout with the same number of
+    processes on every node (Azure ML and SageMaker MPI jobs): node = rank // local size."""
+    rank, local, size = r.get("rank"), r.get("local_world_size"), r.get("world_size")
+    if None in (rank, local, size) or size % local:
+        return
+    nodes = size // local
+    if r.get("num_nodes") not in (None, nodes):
+        return
+    r.default("num_nodes", nodes, f"world size / local world size ({why})")
+    r.default("node_rank", rank // local, f"rank // local world size ({why})")
+    r.default("nproc_per_node", local, f"local world size ({why})")

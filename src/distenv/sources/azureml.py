@@ -11,8 +11,9 @@ several GPUs are visible or DISTENV_NPROC_PER_NODE asks for more workers per nod
 from __future__ import annotations
 
 from ..errors import DistEnvError
-from ..reading import parse_int, show
+from ..reading import show
 from . import Source
+from ._common import block_layout
 
 
 class AzureML(Source):
@@ -23,18 +24,30 @@ class AzureML(Source):
     def overlay(self, env, r):
         node = env.get("AZ_BATCH_MASTER_NODE")
         if node:
-            addr, sep, port = node.rpartition(":")
+            addr, sep, _port = node.rpartition(":")
             if not sep or not addr:
-                raise DistEnvError(
-                    f"AZ_BATCH_MASTER_NODE={show(node)} is not '<address>:<port>'."
-                )
-            # Azure starts rank 0 on this node: it is more reliable than Open MPI's guess.
+                raise DistEnvError(f"AZ_BATCH_MASTER_NODE={show(node)} is not '<address>:<port>'.")
+            # Azure starts rank 0 on this node. Its port is reserved for the Batch service
+            # ("do not use it for MPI or NCCL"), so only the address is taken.
             r.set("master_addr", addr, "AZ_BATCH_MASTER_NODE (Azure ML's master node)")
-            r.set("master_port", parse_int(port, "AZ_BATCH_MASTER_NODE port", "Azure ML", 1),
-                  "AZ_BATCH_MASTER_NODE (Azure ML's master port)")
+            r.addr_explicit = True
         elif env.get("AZ_BATCHAI_MPI_MASTER_NODE"):
             r.set("master_addr", env["AZ_BATCHAI_MPI_MASTER_NODE"],
                   "AZ_BATCHAI_MPI_MASTER_NODE (Azure ML's master node)")
+            r.addr_explicit = True
+        hosts = [h.strip() for h in env.get("AZ_BATCH_HOST_LIST", "").split(",") if h.strip()]
+        if hosts:
+            r.default("hosts", hosts, "AZ_BATCH_HOST_LIST")
+            r.default("num_nodes", len(hosts), "AZ_BATCH_HOST_LIST")
+        size, nodes = r.get("world_size"), r.get("num_nodes")
+        if r.get("launcher") == "env" and r.get("local_world_size") is None and size and nodes \
+                and size % nodes == 0:
+            r.set("local_world_size", size // nodes,
+                  "WORLD_SIZE / node count (Azure ML starts as many processes on every node)")
+            r.default("nproc_per_node", size // nodes, "Azure ML: the same count on every node")
+        if r.get("launcher") in ("openmpi", "env"):
+            # Azure starts process_count_per_node processes on every node, in rank order.
+            block_layout(r, "Azure ML starts the same number of processes on every node, in rank order")
         run = env.get("AZUREML_RUN_ID")
         if run:
             r.default("job_id", run, "AZUREML_RUN_ID")

@@ -57,6 +57,9 @@ class Kubeflow(Source):
 
     def after(self, env, r):
         """v1 check once nproc is known: WORLD_SIZE must be pods x nprocPerNode."""
+        nproc = env.get("PET_NPROC_PER_NODE", "").strip()
+        if nproc and not nproc.isdigit():
+            return  # the operator counted one process per pod for auto/gpu/cpu
         size = get_int(env, "WORLD_SIZE", "Kubeflow")
         total = r.get("world_size")
         if size is not None and total is not None and size != total:

@@ -11,7 +11,6 @@ takes part (the usual case: mpirun from the first node of an allocation).
 from __future__ import annotations
 
 from ..description import PER_PROCESS
-from ..errors import DistEnvError
 from . import Source
 from ._common import read_counts
 
@@ -52,34 +51,55 @@ class OpenMPI(Source):
         uri = env.get("OMPI_MCA_orte_hnp_uri")
         namespace = env.get("PMIX_NAMESPACE", "")
         if uri:  # Open MPI 4
-            jobid = env.get("OMPI_MCA_ess_base_jobid") or uri.split(";", 1)[0]
+            family = uri.split(";", 1)[0]
+            jobid = env.get("OMPI_MCA_ess_base_jobid") or family
             r.set("job_id", jobid, "OMPI_MCA_ess_base_jobid" if env.get("OMPI_MCA_ess_base_jobid")
                   else "job family in OMPI_MCA_orte_hnp_uri")
-            r.port_key = "ompi:" + uri.split(";", 1)[0] + ":" + jobid
+            r.port_key = f"ompi:{family}:{jobid}"
             addr = hnp_address(uri)
-            if addr:
+            daemon = env.get("OMPI_MCA_orte_local_daemon_uri", "").split(";", 1)[0]
+            if addr and self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
                 r.set("master_addr", addr,
                       "OMPI_MCA_orte_hnp_uri (the mpirun host, where Open MPI maps rank 0)")
-                self._check_rank0_on_hnp(env, r, uri)
         elif namespace:  # Open MPI 5 (or 4 with external PMIx)
             r.set("job_id", namespace, "PMIX_NAMESPACE")
             r.port_key = "pmix:" + namespace
             host = prterun_host(namespace)
-            if host:
+            server = env.get("PMIX_SERVER_URI41") or env.get("PMIX_SERVER_URI4") or ""
+            daemon = server.split(";", 1)[0]
+            here = env.get("PMIX_HOSTNAME")
+            if host and r.get("rank") == 0 and here and here != host:
+                self._not_on_mpirun_host(r, "PMIX_HOSTNAME")
+            elif host and self._hnp_hosts_rank0(r, daemon, namespace.split("@")[0] + "@0",
+                                                 "PMIX_SERVER_URI4"):
                 r.set("master_addr", host,
                       "PMIX_NAMESPACE (prterun-<mpirun host>-<pid>: rank 0 runs on the mpirun host)")
 
+    def _hnp_hosts_rank0(self, r, daemon: str, hnp: str, var: str) -> bool:
+        """Is the mpirun host (daemon 0) where rank 0 runs, as far as this rank can tell?
+
+        Daemons are numbered 0 (mpirun) then 1, 2, ... for the other nodes. On rank 0 a
+        daemon other than mpirun's means mpirun runs elsewhere (a login node, a Kubeflow
+        launcher pod); on any rank a daemon number >= the node count means mpirun's host
+        runs no rank at all. Either way the address is unknown, not mpirun's.
+        """
+        if not daemon or "." not in daemon:
+            return True
+        job, _, vpid = daemon.rpartition(".")
+        if not vpid.isdigit():
+            return True
+        nodes = r.get("num_nodes")
+        if (r.get("rank") == 0 and daemon != hnp) or (nodes is not None and int(vpid) >= nodes):
+            self._not_on_mpirun_host(r, var)
+            return False
+        return True
+
     @staticmethod
-    def _check_rank0_on_hnp(env, r, uri):
-        # On the mpirun host the local daemon *is* mpirun. If rank 0 is elsewhere (mpirun on
-        # a login node not in the host file), say so on rank 0 rather than hang the others.
-        daemon = env.get("OMPI_MCA_orte_local_daemon_uri")
-        if r.get("rank") == 0 and daemon and daemon.split(";", 1)[0] != uri.split(";", 1)[0]:
-            raise DistEnvError(
-                "Open MPI rank 0 does not run on the mpirun host (OMPI_MCA_orte_local_daemon_uri "
-                "differs from OMPI_MCA_orte_hnp_uri), so the master address is unknown. "
-                "Fix: start mpirun on the first node of the job, or set MASTER_ADDR."
-            )
+    def _not_on_mpirun_host(r, var):
+        r.notes.append(
+            f"mpirun's host runs no rank here ({var}), so rank 0's address is unknown: "
+            "start mpirun on the first node of the job, or set MASTER_ADDR"
+        )
 
 
 SOURCE = OpenMPI()

@@ -13,6 +13,7 @@ from ..description import PER_NODE
 from ..errors import DistEnvError
 from ..reading import get_int, parse_json, show
 from . import Source
+from ._common import block_layout
 
 
 def hosts(env) -> "list[str] | None":
@@ -63,13 +64,15 @@ class SageMaker(Source):
         if not names:
             return
         r.default("hosts", names, "SM_HOSTS")
-        if r.get("num_nodes") is None and r.get("local_world_size") != r.get("world_size"):
-            r.set("num_nodes", len(names), "SM_HOSTS")
-        if r.get("node_rank") is None and len(names) > 1:
-            r.set("node_rank", current_index(env, names),
-                  "SM_CURRENT_HOST's place in SM_HOSTS (SageMaker's mpirun fills hosts in that order)")
         if len(names) > 1:
-            r.default("master_addr", names[0], "first host of SM_HOSTS (SageMaker runs mpirun there)")
+            # SageMaker runs mpirun on hosts[0] with `-H algo-1:N,algo-2:N,...`: rank 0 is
+            # there and every host runs N ranks in order. SM_CURRENT_HOST cannot tell the
+            # node: mpirun -x copies the master's value to every rank.
+            r.set("master_addr", names[0], "first host of SM_HOSTS (SageMaker runs mpirun there)")
+            r.addr_explicit = True
+            if r.get("launcher") == "openmpi":
+                r.default("num_nodes", len(names), "SM_HOSTS")
+                block_layout(r, "SageMaker's mpirun places processes_per_host ranks on each host in order")
         self._job(env, r)
 
     @staticmethod

@@ -34,6 +34,8 @@ def parse(raw: str, name: str = "TF_CONFIG") -> dict:
     if not isinstance(index, int) or isinstance(index, bool):
         raise DistEnvError(f"{name} task index {index!r} is not an integer.")
     tasks = cluster.get(task["type"])
+    if task["type"] == "evaluator" and tasks is None:
+        return config  # TensorFlow never lists the evaluator in the cluster
     if tasks is None or not 0 <= index < len(tasks):
         raise DistEnvError(
             f"{name} task {task['type']}[{index}] is not in its cluster "
@@ -59,28 +61,31 @@ class TFConfig(Source):
         r.launch = PER_PROCESS
         members = workers(config)
         cluster = config["cluster"]
-        r.set("world_size", len(members), "TF_CONFIG cluster (chief + workers)")
         hosts = []
         for entry in members:
             host = entry.rsplit(":", 1)[0]
             if host not in hosts:
                 hosts.append(host)
-        r.set("hosts", hosts, "TF_CONFIG cluster hosts, in rank order")
-        r.set("num_nodes", len(hosts), "distinct hosts in TF_CONFIG")
         if members:
             r.set("master_addr", hosts[0], "TF_CONFIG: host of the chief (or worker 0)")
-        if kind in TRAINING:
-            chiefs = sum(len(cluster.get(k, ())) for k in CHIEFS)
-            rank = index if kind in CHIEFS else chiefs + index
-            mine = members[rank].rsplit(":", 1)[0]
-            same = [i for i, m in enumerate(members) if m.rsplit(":", 1)[0] == mine]
-            why = f"TF_CONFIG task {kind}[{index}]"
-            r.set("rank", rank, why + " (chief first, then workers)")
-            r.set("local_rank", same.index(rank), why + " among tasks on the same host")
-            r.set("local_world_size", len(same), "tasks on the same host in TF_CONFIG")
-            r.set("node_rank", hosts.index(mine), "host order in TF_CONFIG")
-        else:
+        if kind not in TRAINING:
+            # A parameter server or evaluator is a process of the job, not a rank of the
+            # collective: nothing rank-like describes it.
             r.notes.append(f"TF_CONFIG task {kind}[{index}] is not a training worker: it has no rank")
+            r.port_key = "tf:" + ",".join(members)
+            return
+        r.set("world_size", len(members), "TF_CONFIG cluster (chief + workers)")
+        r.set("hosts", hosts, "TF_CONFIG cluster hosts, in rank order")
+        r.set("num_nodes", len(hosts), "distinct hosts in TF_CONFIG")
+        chiefs = sum(len(cluster.get(k, ())) for k in CHIEFS)
+        rank = index if kind in CHIEFS else chiefs + index
+        mine = members[rank].rsplit(":", 1)[0]
+        same = [i for i, m in enumerate(members) if m.rsplit(":", 1)[0] == mine]
+        why = f"TF_CONFIG task {kind}[{index}]"
+        r.set("rank", rank, why + " (chief first, then workers)")
+        r.set("local_rank", same.index(rank), why + " among tasks on the same host")
+        r.set("local_world_size", len(same), "tasks on the same host in TF_CONFIG")
+        r.set("node_rank", hosts.index(mine), "host order in TF_CONFIG")
         counts = [sum(1 for m in members if m.rsplit(":", 1)[0] == h) for h in hosts]
         if counts and all(c == counts[0] for c in counts):
             r.set("nproc_per_node", counts[0], "tasks per host in TF_CONFIG")
