@@ -76,7 +76,7 @@ def _empty_item(number: int) -> str:
 
 # --- number tables: 0..999 as strings, built on first use -----------------------
 
-_TABLES: list = []  # [natural, zfill(2), zfill(3)] strings of 0..999
+_TABLES: list = []  # [str(i).zfill(w) for i in 0..999] for w = 1, 2, 3
 
 
 def _tables() -> list:
@@ -126,55 +126,80 @@ def _digits(s: str) -> bool:
 def _parse_group(content: str, item: str):
     """Parse what is between brackets: ``01-04,07``.
 
-    Returns (ranges, count, widest) where ranges holds a str for a single
-    number (already in its final form) or a (lo, hi, width) tuple.
+    Returns (ranges, count, widest): ranges holds a str for a single number
+    (already in its final form: "007" stays 007) or a (lo, hi, width) tuple;
+    widest bounds the length of one number, for the size guard.
     """
-    if not content:
-        raise _Bad(f"empty brackets '[]' in {_show(item, 60)}")
+    pieces = content.split(",")
+    if not (content.replace(",", "").replace("-", "").isdigit() and content.isascii()):
+        raise _Bad(_group_problem(pieces, content, item))
+    widest = max(map(len, pieces))
+    if "-" not in content:  # only single numbers
+        if not widest or "" in pieces:
+            raise _Bad(_group_problem(pieces, content, item))
+        return pieces, len(pieces), widest
+    if widest > _MAX_DIGITS:
+        for r in pieces:
+            if max(map(len, r.split("-"))) > _MAX_DIGITS:
+                raise _Bad(f"a number in {_show(item, 60)} has more than {_MAX_DIGITS} digits")
     ranges = []
     count = 0
-    widest = 0
-    for r in content.split(","):
-        if _digits(r):
-            ranges.append(r)  # a lone number keeps its own padding: "007" -> 007
-            count += 1
-            if len(r) > widest:
-                widest = len(r)
-            continue
+    for r in pieces:
         lo_s, dash, hi_s = r.partition("-")
-        if not dash or not _digits(lo_s) or not _digits(hi_s):
+        if not dash:
             if not r:
-                problem = f"an empty range between commas in '[{content}]'"
-            elif any(c in _SPACES for c in r):
-                problem = f"whitespace inside the brackets '[{content}]'"
-            else:
-                problem = (
-                    f"{r!r} in '[{content}]' is neither a number nor a range of "
-                    f"two numbers like 01-04"
-                )
-            raise _Bad(f"{problem} (in {_show(item, 60)})")
-        if len(lo_s) > _MAX_DIGITS or len(hi_s) > _MAX_DIGITS:
-            raise _Bad(f"a number in {_show(item, 60)} has more than {_MAX_DIGITS} digits")
+                raise _Bad(_group_problem(pieces, content, item))
+            ranges.append(r)
+            count += 1
+            continue
+        if not lo_s or not hi_s or "-" in hi_s:
+            raise _Bad(_group_problem(pieces, content, item))
         lo = int(lo_s)
         hi = int(hi_s)
         if lo > hi:
             raise _Bad(f"the range {r!r} in {_show(item, 60)} runs backwards ({lo} > {hi})")
         ranges.append((lo, hi, len(lo_s)))
         count += hi - lo + 1
-        w = len(lo_s) if len(lo_s) > len(hi_s) else len(hi_s)
-        if w > widest:
-            widest = w
     return ranges, count, widest
+
+
+def _group_problem(pieces: list, content: str, item: str) -> str:
+    """Say what is wrong with the first bad piece of a bracket group."""
+    where = f"'[{content}]' (in {_show(item, 60)})"
+    if not content:
+        return f"empty brackets '[]' in {_show(item, 60)}"
+    for r in pieces:
+        if not r:
+            return f"an empty range between commas in {where}"
+        lo_s, dash, hi_s = r.partition("-")
+        if not (_digits(lo_s) and (not dash or _digits(hi_s))):
+            if any(c in _SPACES for c in r):
+                return f"whitespace inside the brackets {where}"
+            return f"{r!r} is neither a number nor a range of two numbers like 01-04 in {where}"
+    return f"malformed brackets {where}"  # not reached
 
 
 def _group_block(prefix: str, ranges: list) -> str:
     """Comma-joined host names: prefix followed by each number of one group."""
-    if len(ranges) == 1:
-        r = ranges[0]
-        return prefix + r if r.__class__ is str else _range_block(prefix, *r)
-    return ",".join(
-        [prefix + r if r.__class__ is str else _range_block(prefix, *r) for r in ranges]
-    )
+    tabs = _TABLES or _tables()
+    sep = "," + prefix
+    blocks = []
+    nums = []  # numbers still to be joined behind `prefix`
+    for r in ranges:
+        if r.__class__ is str:
+            nums.append(r)
+            continue
+        lo, hi, width = r
+        if hi < 1000 and width <= 3:  # the common case: straight from a table
+            nums += tabs[width - 1][lo : hi + 1]
+            continue
+        if nums:
+            blocks.append(prefix + sep.join(nums))
+            nums = []
+        blocks.append(_range_block(prefix, lo, hi, width))
+    if nums:
+        blocks.append(prefix + sep.join(nums))
+    return blocks[0] if len(blocks) == 1 else ",".join(blocks)
 
 
 def _expand_item(parts: list, out: list) -> None:

@@ -37,10 +37,17 @@ class Hydra(Source):
         r.int_from(env, "local_rank", "MPI_LOCALRANKID", who)
         r.int_from(env, "local_world_size", "MPI_LOCALNRANKS", who, minimum=1)
         r.int_from(env, "node_rank", "HYDRA_BSTRAP_NODE_ID", who)
-        for var in ("PMI_KVSNAME", "PMI_JOBID"):
+        # MPICH gives no job id at all (measured); Intel MPI has I_MPI_HYDRA_UUID and -pmi-port
+        # gives PMI_PORT=<mpiexec host>:<port>, both unique to one mpiexec.
+        for var in ("I_MPI_HYDRA_UUID", "PMI_KVSNAME", "PMI_PORT"):
             if env.get(var):
                 r.port_key = f"hydra:{env[var]}"
+                if var == "I_MPI_HYDRA_UUID":
+                    r.set("job_id", env[var], var)
                 break
+        else:
+            r.notes.append("MPICH reveals no job id: concurrent jobs on one machine share the "
+                           "default port unless MASTER_PORT is set")
 
 
 SOURCE = Hydra()

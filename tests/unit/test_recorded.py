@@ -1,0 +1,103 @@
+"""The resolver on environments recorded from the real launchers (tests/fixtures/launchers,
+written by integrations/record/): every rank of a job, checked against the launcher's own
+numbering and against each other."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from distenv import DistEnvError, resolve
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FILES = sorted(glob.glob(os.path.join(HERE, "..", "fixtures", "launchers", "*.json")))
+
+# layout prefix -> (expected launcher, the launcher's local-rank variable)
+FAMILIES = [
+    ("slurm-srun-n1-torchrun", "torchrun", "LOCAL_RANK"),
+    ("cluster-srun-torchrun", "torchrun", "LOCAL_RANK"),
+    ("slurm-sbatch-openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("slurm-sbatch-mpich", "mpich", "MPI_LOCALRANKID"),
+    ("slurm-sbatch-intelmpi", "intelmpi", "MPI_LOCALRANKID"),
+    ("cluster-sbatch-openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("cluster-sbatch-mpich", "mpich", "MPI_LOCALRANKID"),
+    ("slurm-sbatch-script", "none", None),
+    ("slurm-salloc-shell", "none", None),
+    ("no-launcher", "none", None),
+    ("openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("cluster-openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("mpich", "mpich", "MPI_LOCALRANKID"),
+    ("cluster-mpich", "mpich", "MPI_LOCALRANKID"),
+    ("intelmpi", "intelmpi", "MPI_LOCALRANKID"),
+    ("cluster-intelmpi", "intelmpi", "MPI_LOCALRANKID"),
+    ("slurm", "slurm", "SLURM_LOCALID"),
+    ("cluster-srun", "slurm", "SLURM_LOCALID"),
+    ("torchrun", "torchrun", "LOCAL_RANK"),
+]
+
+
+def family(layout):
+    for prefix, launcher, local_var in FAMILIES:
+        if layout.startswith(prefix):
+            return launcher, local_var
+    raise AssertionError(f"no family for {layout}")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_recordings_exist():
+    assert len(FILES) >= 20
+
+
+@pytest.mark.parametrize("path", FILES, ids=[os.path.basename(p)[:-5] for p in FILES])
+def test_recorded_job(path, no_gpus):
+    rec = load(path)
+    launcher, local_var = family(rec["layout"])
+    ranks = rec["ranks"]
+    envs = [resolve(r["env"]) for r in ranks]
+    assert {e.launcher for e in envs} == {launcher}, [e.explain() for e in envs]
+    if launcher == "none":
+        assert [(e.rank, e.world_size) for e in envs] == [(0, 1)]
+        if rec["layout"].startswith("slurm"):
+            assert any("srun" in n for n in envs[0].notes)
+        return
+    n = len(ranks)
+    truth = [int(r["env"][rec["rank_var"]]) for r in ranks]
+    assert [e.rank for e in envs] == truth
+    assert sorted(truth) == list(range(n))
+    assert {e.launch for e in envs} == {"per-process"}
+    for e, r in zip(envs, ranks):
+        assert e.local_rank == int(r["env"][local_var])
+    hosts = {}
+    for e, r in zip(envs, ranks):
+        hosts.setdefault(r["hostname"], []).append(e)
+    for members in hosts.values():
+        assert sorted(e.local_rank for e in members) == list(range(len(members)))
+        assert {e.local_world_size for e in members} == {len(members)}
+    if "pmi-port" in rec["layout"]:
+        assert {e.world_size for e in envs} == {None}
+        with pytest.raises(DistEnvError, match="WORLD_SIZE"):
+            envs[0].export({})
+    else:
+        assert {e.world_size for e in envs} == {n}
+    assert {e.num_nodes for e in envs} <= {len(hosts), None}
+    if len(hosts) == 1:
+        assert {e.node_rank for e in envs} <= {0, None}
+    # Every rank must agree on where and how to meet.
+    assert len({(e.master_addr, e.master_port) for e in envs}) == 1
+    if len(hosts) == 1 and launcher != "torchrun" and "pmi-port" not in rec["layout"]:
+        assert envs[0].master_addr == "127.0.0.1"
+    for e in envs:
+        if e.world_size:
+            written = e.export({})
+            assert written["RANK"] == str(e.rank)
+
+
+def test_open_mpi_5_local_ranks_follow_the_launcher_not_rank_order(no_gpus):
+    rec = load(os.path.join(HERE, "..", "fixtures", "launchers", "openmpi5-np4.json"))
+    got = [(resolve(r["env"]).rank, resolve(r["env"]).local_rank) for r in rec["ranks"]]
+    assert got == [(0, 0), (1, 2), (2, 1), (3, 3)]
