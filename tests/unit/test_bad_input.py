@@ -1,0 +1,73 @@
+"""Malformed input: each a DistEnvError (a ValueError) whose message names the variable."""
+
+import json
+
+import pytest
+
+from distenv import DistEnvError, resolve
+
+TASK = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+
+
+@pytest.mark.parametrize(
+    "env, variable",
+    [
+        ({"TF_CONFIG": "{not json"}, "TF_CONFIG"),
+        ({"TF_CONFIG": json.dumps({"task": {"type": "worker", "index": 0}})}, "TF_CONFIG"),
+        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}})},
+         "TF_CONFIG"),
+        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a"]}, "task": {"type": "worker"}})}, "TF_CONFIG"),
+        ({"CLUSTER_SPEC": "[1,", "RANK": "0", "WORLD_SIZE": "1"}, "CLUSTER_SPEC"),
+        ({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["a:1"]}, "task": {"type": "workerpool0", "index": 0}}),
+          "RANK": "1", "WORLD_SIZE": "1"}, "RANK"),
+        ({"SM_HOSTS": "algo-1", "SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS"),
+        ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-9"}, "SM_CURRENT_HOST"),
+        ({"SM_HOSTS": '["a","a"]', "SM_CURRENT_HOST": "a"}, "SM_HOSTS"),
+        (dict(TASK, SLURM_STEP_NODELIST="gpu[01-"), "SLURM_STEP_NODELIST"),
+        (dict(TASK, SLURM_STEP_TASKS_PER_NODE="2(x"), "SLURM_STEP_TASKS_PER_NODE"),
+        (dict(TASK, SLURM_STEP_TASKS_PER_NODE="1(x3)"), "SLURM_STEP_TASKS_PER_NODE"),
+        (dict(TASK, SLURM_NODEID="5"), "SLURM_NODEID"),
+        (dict(TASK, SLURM_GTIDS="1"), "SLURM_GTIDS"),
+        ({"AZ_BATCH_MASTER_NODE": "no-port", "RANK": "0", "WORLD_SIZE": "2"}, "AZ_BATCH_MASTER_NODE"),
+        ({"PET_NNODES": "1:4", "PET_NODE_RANK": "0"}, "PET_NNODES"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK"),
+        ({"DISTENV_NPROC_PER_NODE": "zero"}, "DISTENV_NPROC_PER_NODE"),
+        ({"DISTENV_NPROC_PER_NODE": "0"}, "DISTENV_NPROC_PER_NODE"),
+    ],
+)
+def test_bad_input_names_the_variable(env, variable, no_gpus):
+    with pytest.raises(DistEnvError) as err:
+        resolve(env)
+    assert variable in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_cluster_spec_of_another_shape_is_ignored():
+    # CLUSTER_SPEC is used by unrelated systems: only the TensorFlow shape is believed.
+    env = resolve({"CLUSTER_SPEC": json.dumps({"nodes": 3})})
+    assert env.launcher == "none" and env.platform is None
+
+
+def test_cli_prints_one_line_and_exits_2(capsys, monkeypatch):
+    from distenv.cli import main
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "x")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert main(["show", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "OMPI_COMM_WORLD_RANK='x'" in err[0]
+
+
+def test_export_refuses_to_clobber_and_can_overwrite():
+    env = resolve({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
+    target = {"LOCAL_RANK": "1", "NODE_RANK": "5"}
+    with pytest.raises(DistEnvError, match="NODE_RANK"):
+        env.export(target)
+    assert target == {"LOCAL_RANK": "1", "NODE_RANK": "5"}
+    written = env.export(target, overwrite=True)
+    assert target["NODE_RANK"] == "0" and written["RANK"] == "1"
