@@ -18,7 +18,9 @@ where the two differ:
 * Nothing may follow the last ``]`` of a name: SLURM rejects ``n[1-2]-ib``
   (python-hostlist accepts it). Text between groups is fine: ``rack[1-2]-n[1-4]``.
 * Space and tab separate names like a comma does (``"a b"`` is two hosts);
-  python-hostlist keeps ``"a b"`` as one name.
+  python-hostlist keeps ``"a b"`` as one name. We also take newline, CR, FF
+  and VT as separators (SLURM would keep them inside a name), so a value read
+  from a file with its trailing newline still works.
 
 Zero padding follows the low end of each range: ``[8-10]`` gives 8, 9, 10 and
 ``[08-10]`` gives 08, 09, 10, as in both SLURM and python-hostlist.
@@ -65,9 +67,15 @@ def _error(var: str, text: str, what: str, problem: str, fix: str) -> DistEnvErr
 
 
 def _near(text: str, at: int) -> str:
-    """Where in `text` a problem is, for a message: 'at 'gpu[01-' (character 4)'."""
+    """Where in `text` a problem is, e.g. "(character 4, in 'gpu[01-')"."""
     lo = at - 20 if at > 20 else 0
     return f"(character {at + 1}, in {text[lo : at + 20]!r})"
+
+
+def _too_big(total: int) -> str:
+    if total > MAX_HOSTS:
+        return f"it expands to more than {MAX_HOSTS:,} hosts"
+    return f"its host names add up to more than {MAX_CHARS:,} characters"
 
 
 def _empty_item(number: int) -> str:
@@ -134,14 +142,14 @@ def _parse_group(content: str, item: str):
     if not (content.replace(",", "").replace("-", "").isdigit() and content.isascii()):
         raise _Bad(_group_problem(pieces, content, item))
     widest = max(map(len, pieces))
-    if "-" not in content:  # only single numbers
-        if not widest or "" in pieces:
-            raise _Bad(_group_problem(pieces, content, item))
-        return pieces, len(pieces), widest
     if widest > _MAX_DIGITS:
         for r in pieces:
             if max(map(len, r.split("-"))) > _MAX_DIGITS:
                 raise _Bad(f"a number in {_show(item, 60)} has more than {_MAX_DIGITS} digits")
+    if "-" not in content:  # only single numbers
+        if not widest or "" in pieces:
+            raise _Bad(_group_problem(pieces, content, item))
+        return pieces, len(pieces), widest
     ranges = []
     count = 0
     for r in pieces:
@@ -203,15 +211,12 @@ def _group_block(prefix: str, ranges: list) -> str:
 
 
 def _expand_item(parts: list, out: list) -> None:
-    """Expand one name with bracket groups; `parts` = [lit0, group0, lit1, group1, ...].
+    """Expand a name with two or more bracket groups; `parts` = [lit0, group0, lit1, ...].
 
     Appends comma-joined blocks of names to `out`.
     """
     lits = parts[0::2]
     groups = parts[1::2]
-    if len(groups) == 1:
-        out.append(_group_block(lits[0], groups[0]))
-        return
     # SLURM's order (_push_range_list recurses from the last bracket of the
     # prefix): the last group varies fastest, then group 1, 2, ..., n-1.
     names = _group_block(lits[0], groups[0]).split(",")
@@ -332,22 +337,26 @@ def _expand(text: str) -> list[str]:
                     f"{_show(tail, 40)} follows the last ']' in {_show(item, 60)}; SLURM "
                     "allows nothing after the final bracket group of a name"
                 )
-            count = 1
-            length = 0
-            for i in range(1, len(parts), 2):
-                ranges, k, widest = _parse_group(parts[i], item)
-                parts[i] = ranges
-                count *= k
-                length += widest
-            for i in range(0, len(parts), 2):
-                length += len(parts[i])
-            total += count
-            chars += count * length
-            if total > MAX_HOSTS:
-                raise _Bad(f"it expands to more than {MAX_HOSTS:,} hosts")
-            if chars > MAX_CHARS:
-                raise _Bad(f"its host names add up to more than {MAX_CHARS:,} characters")
-            _expand_item(parts, out)
+            if len(parts) == 2:  # one bracket group, the usual case
+                ranges, count, widest = _parse_group(parts[1], item)
+                total += count
+                chars += count * (widest + len(parts[0]))
+                if total > MAX_HOSTS or chars > MAX_CHARS:
+                    raise _Bad(_too_big(total))
+                out.append(_group_block(parts[0], ranges))
+            else:
+                count = 1
+                length = 0
+                for i in range(1, len(parts), 2):
+                    ranges, k, widest = _parse_group(parts[i], item)
+                    parts[i] = ranges
+                    count *= k
+                    length += widest + len(parts[i - 1])
+                total += count
+                chars += count * length
+                if total > MAX_HOSTS or chars > MAX_CHARS:
+                    raise _Bad(_too_big(total))
+                _expand_item(parts, out)
             parts = []
         elif tail:
             out.append(tail)
@@ -359,7 +368,7 @@ def _expand(text: str) -> list[str]:
         nitem += 1
         pos = start = item_start = c + 1
     if total > MAX_HOSTS:
-        raise _Bad(f"it expands to more than {MAX_HOSTS:,} hosts")
+        raise _Bad(_too_big(total))
     return out[0].split(",") if len(out) == 1 else ",".join(out).split(",")
 
 
@@ -384,14 +393,18 @@ def expand_tasks_per_node(text: str, var: str = "SLURM_STEP_TASKS_PER_NODE") -> 
     counts: list[int] = []
     for i, item in enumerate(text.split(","), 1):
         item = item.strip(_SPACES)
-        if _digits(item):
+        if _digits(item) and len(item) <= 9:
             counts.append(int(item))
             continue
         if not item:
             raise bad(_empty_item(i))
         num, sep, rest = item.partition("(x")
         if not (sep and rest.endswith(")") and _digits(num) and _digits(rest[:-1])):
+            if _digits(item):
+                raise bad(f"item {i} {_show(item, 60)} is an impossibly large count")
             raise bad(f"item {i} {_show(item, 60)} is neither a count N nor N(xR)")
+        if len(num) > 9 or len(rest) > 10:
+            raise bad(f"item {i} {_show(item, 60)} holds an impossibly large number")
         reps = int(rest[:-1])
         if reps == 0:
             raise bad(f"item {i} {_show(item, 60)} repeats a count zero times")

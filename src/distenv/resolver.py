@@ -43,6 +43,8 @@ def resolve(environ=None, **overrides) -> DistEnv:
     malformed or contradictory.
     """
     env = os.environ if environ is None else environ
+    if type(env) is not dict:
+        env = _view(env)
     unknown = set(overrides) - OVERRIDABLE
     if unknown:
         raise TypeError(f"resolve() got unknown field(s): {', '.join(sorted(unknown))}")
@@ -74,6 +76,77 @@ def resolve(environ=None, **overrides) -> DistEnv:
     if r.get("platform") is None:
         r.why["platform"] = "no platform variables found"
     return DistEnv(r.values, r.why, r.notes)
+
+
+def _view(env):
+    """A fast read-only view of os.environ (or any other mapping).
+
+    os.environ answers a missing key by raising KeyError inside .get(), about 1.5 us each,
+    and resolution asks for ~50 mostly-missing variables. Reading CPython's underlying
+    dict through os.environ's own encodekey/decodevalue gives the same answers ~20x faster.
+    """
+    data = getattr(env, "_data", None)
+    enc, dec = getattr(env, "encodekey", None), getattr(env, "decodevalue", None)
+    if env is os.environ and isinstance(data, dict) and enc and dec:
+        return _EnvironView(data, enc, dec)
+    return _MappingView(env)
+
+
+_ENCODED: dict = {}  # variable name -> os.environ's key for it (names are few and fixed)
+
+
+class _EnvironView:
+    __slots__ = ("_data", "_enc", "_dec", "_keys")
+
+    def __init__(self, data, enc, dec):
+        self._data, self._enc, self._dec = data, enc, dec
+
+    def _key(self, key):
+        encoded = _ENCODED.get(key)
+        if encoded is None:
+            encoded = _ENCODED[key] = self._enc(key)
+        return encoded
+
+    def __contains__(self, key):
+        return self._key(key) in self._data
+
+    def __getitem__(self, key):
+        return self._dec(self._data[self._key(key)])
+
+    def get(self, key, default=None):
+        value = self._data.get(self._key(key))
+        return default if value is None else self._dec(value)
+
+    def __iter__(self):
+        return iter(list(os.environ))
+
+    def __len__(self):
+        return len(self._data)
+
+
+class _MappingView:
+    """Any other mapping: one pass over its keys, then no exceptions for missing ones."""
+
+    __slots__ = ("_env", "_keys")
+
+    def __init__(self, env):
+        self._env = env
+        self._keys = set(env)
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def __getitem__(self, key):
+        return self._env[key]
+
+    def get(self, key, default=None):
+        return self._env[key] if key in self._keys else default
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self):
+        return len(self._keys)
 
 
 # -- 1. which launcher ------------------------------------------------------------------

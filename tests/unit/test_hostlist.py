@@ -229,6 +229,8 @@ def test_whitespace(text, expected):
         ("a[1-1000]b[1-1000]c[1-2]", "more than 1,000,000 hosts"),
         ("x" * 200 + "[1-600000]", "characters"),
         ("n[1-" + "9" * 100 + "]", "digits"),
+        ("n[" + "1" * 5000 + "]", "digits"),
+        ("n[" + "1" * 5000 + "-2]", "digits"),  # int() would refuse > 4300 digits
     ],
 )
 def test_malformed_names_variable_and_problem(text, says):
@@ -464,6 +466,9 @@ def test_tasks_per_node_matches_python_hostlist():
         ("a", "neither a count"),
         ("\u0662", "neither a count"),
         ("1(x1000001)", "more than 1,000,000"),
+        ("1" * 5000, "impossibly large"),
+        ("2(x" + "1" * 5000 + ")", "impossibly large"),
+        ("1" * 5000 + "(x2)", "impossibly large"),
     ],
 )
 def test_tasks_per_node_malformed(text, says):
