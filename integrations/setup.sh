@@ -25,6 +25,11 @@ pids=()
 integrations/openmpi/install-5.sh >/dev/null & pids+=($!)
 integrations/mpich/install-5.sh >/dev/null & pids+=($!)
 integrations/intel-mpi/install.sh >/dev/null & pids+=($!)
+# Each framework gets its own virtualenv .venvs/<name> (see integrations/frameworks/).
+for script in integrations/frameworks/*.sh; do
+    [ -e "$script" ] || continue
+    bash "$script" >/dev/null & pids+=($!)
+done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 [ "$status" -eq 0 ] || die "an install step failed (see above)"
