@@ -19,7 +19,7 @@ integrations/slurm/install.sh >/dev/null   # also makes the munge key if the ima
 pids=()
 (
     if [ ! -x .venv/bin/python ]; then "$DISTENV_PYTHON" -m venv .venv; fi
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[test,torch]'
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[test,torch,discovery]'
     log "project venv ready: .venv"
 ) & pids+=($!)
 integrations/openmpi/install-5.sh >/dev/null & pids+=($!)
