@@ -173,7 +173,7 @@ def _parse_group(content: str, item: str):
 
 def _group_problem(pieces: list, content: str, item: str) -> str:
     """Say what is wrong with the first bad piece of a bracket group."""
-    where = f"'[{content}]' (in {_show(item, 60)})"
+    where = f"{_show('[' + content + ']', 60)} (in {_show(item, 60)})"
     if not content:
         return f"empty brackets '[]' in {_show(item, 60)}"
     for r in pieces:
