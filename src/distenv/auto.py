@@ -1,0 +1,199 @@
+"""Zero-code distenv: ``import distenv.auto`` (or ``DISTENV_AUTO=1``, see `distenv._autostart`).
+
+In a distributed launch this
+
+1. resolves the launch and exports the canonical torch variables (``MASTER_ADDR``,
+   ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...; never overwriting a
+   different value: that is a `DistEnvError`), and
+2. installs an import hook (a `sys.meta_path` finder whose loader wraps the real one) that
+   applies distenv's framework adapters right after -- and only when -- the script imports
+   Lightning, Transformers/Accelerate, DeepSpeed or TensorFlow. A framework imported before
+   ``distenv.auto`` is patched at once.
+
+Outside a distributed launch (a single process) it does nothing at all: no variable written,
+no hook installed. It never imports a framework itself; the adapters it calls are the same
+public entry points a script could call by hand (`HOOKS`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .description import PER_NODE
+
+#: top-level module -> (adapter module, function) called right after that module is imported.
+#: One adapter function runs once, whichever of its frameworks comes first.
+HOOKS = {
+    "lightning": ("distenv.lightning", "patch"),
+    "pytorch_lightning": ("distenv.lightning", "patch"),
+    "lightning_fabric": ("distenv.lightning", "patch"),
+    "transformers": ("distenv.transformers", "patch"),
+    "accelerate": ("distenv.transformers", "patch"),
+    "deepspeed": ("distenv.deepspeed", "patch"),
+    "tensorflow": ("distenv.tensorflow", "patch"),
+}
+
+#: The resolved launch (None until `activate`, and when not distributed).
+env = None
+#: Variables `activate` wrote into os.environ: {name: previous value or None}.
+exported: dict = {}
+#: Adapter functions already applied, as "module:function".
+applied: list = []
+#: "module:function" -> why it could not be applied (adapter missing).
+skipped: dict = {}
+
+_finder = None
+_pending: list = []
+_depth = 0
+
+
+def activate(environ=None, reason: str = "import distenv.auto"):
+    """Resolve, export and install the hooks; returns the DistEnv, or None when the launch
+    is not distributed (then nothing is changed). Idempotent."""
+    global env
+    if _finder is not None:
+        return env
+    from .resolver import resolve
+
+    target = os.environ if environ is None else environ
+    found = resolve(target)
+    if not found.is_distributed:
+        return None
+    before = {name: target.get(name) for name in _EXPORTED_NAMES}
+    written = found.export(target)
+    exported.update({name: before.get(name) for name in written})
+    env = found
+    if found.launch == PER_NODE and not target.get("DISTENV_RUN"):
+        sys.stderr.write(
+            f"distenv.auto: this is a per-node launch ({reason}): this process stands for node "
+            f"{found.node_rank} of {found.num_nodes}, and its {found.nproc_per_node} worker(s) are "
+            "not started. Start the script with `distenv run [--nproc-per-node N] -- python "
+            "script.py ...` so that torch's launcher starts them.\n")
+    install()
+    return found
+
+
+_EXPORTED_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                   "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
+
+
+def install() -> None:
+    """Put the import hook first on sys.meta_path; patch frameworks already imported."""
+    global _finder
+    if _finder is None:
+        _finder = _Finder()
+        sys.meta_path.insert(0, _finder)
+    for name in HOOKS:
+        if name in sys.modules:
+            _pending.append(name)
+    if _pending and _depth == 0:
+        _run_pending()
+
+
+def deactivate(environ=None) -> None:
+    """Undo `activate`: remove the hook and restore the variables it exported."""
+    global _finder, env
+    target = os.environ if environ is None else environ
+    if _finder is not None:
+        try:
+            sys.meta_path.remove(_finder)
+        except ValueError:
+            pass
+        _finder = None
+    for name, old in exported.items():
+        if old is None:
+            target.pop(name, None)
+        else:
+            target[name] = old
+    exported.clear()
+    env = None
+
+
+def _run_pending() -> None:
+    while _pending:
+        name = _pending.pop(0)
+        entry = HOOKS.get(name)
+        if entry is None:
+            continue
+        key = f"{entry[0]}:{entry[1]}"
+        if key in applied or key in skipped:
+            continue
+        import importlib
+
+        try:
+            adapter = importlib.import_module(entry[0])
+        except ImportError as exc:
+            if getattr(exc, "name", None) != entry[0]:
+                raise
+            adapter = None
+        function = getattr(adapter, entry[1], None)
+        if function is None:
+            why = f"{entry[0]}.{entry[1]}() does not exist in this distenv"
+            skipped[key] = why
+            sys.stderr.write(f"distenv.auto: {name} was imported but is not patched: {why}.\n")
+            continue
+        applied.append(key)
+        function()
+
+
+class _Finder:
+    """Finds nothing itself: for a hooked top-level module, asks the finders after it and
+    wraps the loader of the spec they return."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in HOOKS:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _Loader(spec.loader, name)
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+class _Loader:
+    """Delegates to the real loader; after the module's body ran, applies the adapter once
+    the outermost hooked import is complete (so a framework importing another hooked one,
+    transformers -> accelerate, is patched when both are whole)."""
+
+    def __init__(self, loader, name):
+        self.loader = loader
+        self.name = name
+
+    def __getattr__(self, attr):
+        return getattr(self.loader, attr)
+
+    def create_module(self, spec):
+        create = getattr(self.loader, "create_module", None)
+        return None if create is None else create(spec)
+
+    def exec_module(self, module):
+        global _depth
+        # The module's own code, and everything after, sees its real loader.
+        module.__loader__ = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.loader
+        _depth += 1
+        try:
+            self.loader.exec_module(module)
+        finally:
+            _depth -= 1
+        _pending.append(self.name)
+        if _depth == 0:
+            _run_pending()
+
+
+activate(reason="DISTENV_AUTO=1" if "distenv._autostart" in sys.modules else "import distenv.auto")
