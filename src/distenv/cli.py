@@ -1,4 +1,4 @@
-"""`distenv` command line: show, export (more subcommands register in COMMANDS)."""
+"""`distenv` command line: show, export, run, doctor."""
 
 from __future__ import annotations
 
@@ -57,18 +57,47 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="print `export VAR=value` lines for the torch variables "
                          "(use: eval \"$(distenv export)\")")
     exp.set_defaults(func=_export)
+    # `run` parses its own arguments (the command after it is not ours): see main().
+    sub.add_parser("run", help="export the launch and run a command; in a per-node launch start "
+                   "the workers through torch.distributed.run (distenv run --help)", add_help=False)
+    doc = sub.add_parser("doctor", help="check the launch, GPUs, CPU threads and network for "
+                         "collectives, and say what to change")
+    doc.add_argument("--json", action="store_true", help="the report as JSON")
+    doc.add_argument("--probe", action="store_true",
+                     help="also check that rank 0's address and port are reachable (opens a socket)")
+    doc.add_argument("--timeout", type=float, default=2.0, metavar="S",
+                     help="seconds to wait for --probe (default 2)")
+    doc.set_defaults(func=_doctor)
     return parser
 
 
+def _doctor(args) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main(args)
+
+
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["show"] + list(argv or sys.argv[1:]))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    auto = sys.modules.get("distenv.auto")
+    if auto is not None:
+        # DISTENV_AUTO=1 activated distenv.auto in this interpreter: the CLI describes the
+        # environment it was given, not one that auto exported into.
+        auto.deactivate()
     try:
+        if argv[:1] == ["run"]:
+            from .run import main as run_main
+
+            return run_main(argv[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            args = parser.parse_args(["show"] + argv)
         return args.func(args)
     except DistEnvError as exc:
-        print(f"distenv: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        from .redact import redact_text
+
+        print(f"distenv: error: {redact_text(' '.join(str(exc).split()))}", file=sys.stderr)
         return 2
 
 

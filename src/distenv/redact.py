@@ -102,7 +102,7 @@ def _assign():
     if _ASSIGN is None:
         # NAME=value, NAME='value', "name": "value", --name=value -- for any NAME
         _ASSIGN = re.compile(
-            r"(?<![A-Za-z0-9_.\-])([\"']?)([A-Za-z_][A-Za-z0-9_.\-]*)\1(\s*[=:]\s*)"
+            r"(?<![A-Za-z0-9_.])([\"']?)([A-Za-z_][A-Za-z0-9_.\-]*)\1(\s*[=:]\s*)"
             r"(?:'([^']*)'|\"([^\"]*)\"|([^\s,;&}\]\)'\"]+))")
     return _ASSIGN
 
