@@ -1,13 +1,14 @@
 """Time distenv.hostlist.expand_hostlist against python-hostlist.
 
-    python benchmarks/bench_hostlist.py [--out DIR] [--repeat N]
+    python benchmarks/bench_hostlist.py [--out DIR] [--repeat N] [--check]
 
 For 10 to 100,000 nodes and three shapes of list, prints the median time of
 each library, the ratio python-hostlist / distenv, and whether distenv meets
 the goal (every shape of 10,000 nodes expanded within 10 ms, and faster than
-python-hostlist); exits 1 if it does not. Draws DIR/hostlist.png (default
+python-hostlist); with --check it exits 1 if not (timings on a loaded machine
+can miss it, so that is not the default). Draws DIR/hostlist.png (default
 benchmarks/out/). Without python-hostlist it times distenv alone; without
-matplotlib it skips the picture; both say so.
+matplotlib it skips the picture; both say so and exit 0.
 
 python-hostlist is called with allow_duplicates=True, which gives the same
 result as distenv and is less work than its default (which also removes
@@ -17,6 +18,7 @@ duplicates), so the ratio is if anything on its side.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import timeit
@@ -96,9 +98,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for hostlist.png (default: benchmarks/out)")
     parser.add_argument("--repeat", type=int, default=7,
                         help="timing runs per case; the median is reported (default 7)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the goal at 10,000 nodes is missed")
     args = parser.parse_args(argv)
 
-    print(f"Python {sys.version.split()[0]}; median of {args.repeat} runs per case")
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    print(f"Python {sys.version.split()[0]}; median of {args.repeat} runs per case{load}")
     if python_hostlist is None:
         print("python-hostlist is not installed (pip install python-hostlist): "
               "timing distenv alone, no comparison.")
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               + (" and faster than python-hostlist" if python_hostlist else ""))
 
     plot(results, args.out)
-    return 1 if failures else 0
+    return 1 if failures and args.check else 0
 
 
 def plot(results, out: Path) -> None:
