@@ -30,7 +30,9 @@ HOOKS = {
     "lightning_fabric": ("distenv.lightning", "patch"),
     "transformers": ("distenv.transformers", "patch"),
     "accelerate": ("distenv.transformers", "patch"),
-    "deepspeed": ("distenv.deepspeed", "patch"),
+    # deepspeed.init_distributed skips its mpi4py discovery once the five torch variables
+    # are set; prepare() checks they are (and refuses a per-node launch with the fix).
+    "deepspeed": ("distenv.deepspeed", "prepare"),
     "tensorflow": ("distenv.tensorflow", "patch"),
 }
 

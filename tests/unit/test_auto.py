@@ -1,0 +1,315 @@
+"""`distenv.auto` and ``DISTENV_AUTO=1``: inert outside a distributed launch, never imports a
+framework the script did not import, applies the adapters right after the script imports one.
+
+Every case runs in a fresh interpreter (sys.modules and os.environ are what is checked).
+Fake frameworks (packages written to a temp dir) and a fake adapter that records its calls
+exercise the import hook without any real framework installed.
+"""
+
+import json
+import os
+import site
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import distenv.auto
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC = os.path.join(ROOT, "src")
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "transformers",
+              "accelerate", "deepspeed", "tensorflow", "keras", "tf_keras", "horovod", "jax",
+              "mpi4py", "numpy")
+MODULES = json.dumps(FRAMEWORKS)
+OMPI_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+          "OMPI_MCA_orte_num_nodes": "1",
+          "OMPI_MCA_orte_hnp_uri": "2197356545.0;tcp://10.0.0.1:41231",
+          "OMPI_MCA_ess_base_jobid": "2197356545"}
+REPORT = textwrap.dedent(f"""
+    import json, os, sys
+    def report(**extra):
+        auto = sys.modules.get("distenv.auto")
+        out = {{
+            "distenv_imported": "distenv" in sys.modules,
+            "auto_imported": auto is not None,
+            "env": None if auto is None or auto.env is None else auto.env.to_dict(),
+            "hooked": any(type(f).__name__ == "_Finder" for f in sys.meta_path),
+            "frameworks": sorted(m for m in sys.modules if m.split(".")[0] in {MODULES}),
+            "adapters": sorted(m for m in sys.modules if m.startswith("distenv.") and m.split(".")[1]
+                               in ("torch", "lightning", "transformers", "deepspeed", "tensorflow",
+                                   "keras", "horovod")),
+            "vars": {{k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                     "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")}},
+        }}
+        out.update(extra)
+        print("REPORT " + json.dumps(out))
+""")
+
+
+def _has_pth() -> bool:
+    """The interpreter running the tests has distenv_auto.pth installed (pip install [-e] .)."""
+    dirs = list(site.getsitepackages()) + [site.getusersitepackages()]
+    return any(os.path.exists(os.path.join(d, "distenv_auto.pth")) for d in dirs)
+
+
+needs_pth = pytest.mark.skipif(not _has_pth(), reason="distenv_auto.pth is not installed for this "
+                               "interpreter: `pip install -e .` (or the wheel) installs it")
+
+
+def run_py(code, env_extra=None, fake=None, timeout=60):
+    """Run `code` (after the REPORT helper) in a fresh interpreter; returns (report, proc)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI", "SLURM_", "DISTENV_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join(([str(fake)] if fake else []) + [SRC])
+    env.update(env_extra or {})
+    p = subprocess.run(["timeout", "-k", "5", str(timeout), sys.executable, "-c", REPORT + textwrap.dedent(code)],
+                       env=env, capture_output=True, text=True, timeout=timeout + 10)
+    reports = [json.loads(line[len("REPORT "):]) for line in p.stdout.splitlines() if line.startswith("REPORT ")]
+    return (reports[-1] if reports else None), p
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """Fake frameworks `fakefw` (imports `fakefw_inner`) and a fake adapter recording calls."""
+    root = tmp_path / "fake"
+    (root / "fakefw").mkdir(parents=True)
+    (root / "fakefw" / "__init__.py").write_text(textwrap.dedent("""
+        import fakefw_inner
+        from . import sub
+        READY = True
+    """))
+    (root / "fakefw" / "sub.py").write_text("VALUE = 42\n")
+    (root / "fakefw" / "data.txt").write_text("resource\n")
+    (root / "fakefw_inner.py").write_text("READY = True\n")
+    (root / "fakefw_alone.py").write_text("READY = True\n")
+    (root / "fake_adapter.py").write_text(textwrap.dedent("""
+        import sys
+        CALLS = []
+        def _state(name):
+            mod = sys.modules.get(name)
+            return None if mod is None else getattr(mod, "READY", False)
+        def patch_outer():
+            CALLS.append(("outer", _state("fakefw"), _state("fakefw_inner")))
+        def patch_inner():
+            CALLS.append(("inner", _state("fakefw"), _state("fakefw_inner")))
+        def patch_alone():
+            CALLS.append(("alone", _state("fakefw_alone"), None))
+    """))
+    return root
+
+
+HOOK_FAKES = """
+import distenv.auto as a
+a.HOOKS.clear()
+a.HOOKS.update({"fakefw": ("fake_adapter", "patch_outer"), "fakefw_inner": ("fake_adapter", "patch_inner"),
+                "fakefw_alone": ("fake_adapter", "patch_alone")})
+"""
+
+
+# -- inert outside a distributed launch -------------------------------------------------------
+@needs_pth
+@pytest.mark.parametrize("extra", [{}, {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"},
+                                   {"WORLD_SIZE": "1"}], ids=["plain", "sbatch-script", "world1"])
+def test_DISTENV_AUTO_is_inert_in_a_single_process(extra):
+    rep, p = run_py("import json, email.message\nreport()", {"DISTENV_AUTO": "1", **extra})
+    assert p.returncode == 0, p.stderr
+    assert rep["auto_imported"] and rep["env"] is None and not rep["hooked"]
+    assert rep["vars"] == {k: None for k in rep["vars"]} | ({"WORLD_SIZE": "1"} if "WORLD_SIZE" in extra else {})
+    assert rep["frameworks"] == [] and rep["adapters"] == []
+    assert p.stderr == ""
+
+
+def test_import_distenv_auto_is_inert_in_a_single_process():
+    rep, p = run_py("import distenv.auto\nreport()")
+    assert p.returncode == 0, p.stderr
+    assert rep["env"] is None and not rep["hooked"] and rep["frameworks"] == []
+    assert all(v is None for v in rep["vars"].values())
+
+
+@needs_pth
+@pytest.mark.parametrize("value", ["", "0"])
+def test_DISTENV_AUTO_unset_or_0_imports_nothing(value):
+    rep, p = run_py("report()", {"DISTENV_AUTO": value, **OMPI_2})
+    assert p.returncode == 0, p.stderr
+    assert not rep["distenv_imported"] and not rep["hooked"] and rep["vars"]["RANK"] is None
+
+
+def test_pth_line_checks_environ_before_importing():
+    line = open(os.path.join(SRC, "distenv_auto.pth")).read().strip()
+    assert "\n" not in line and line.startswith("import os;")
+    assert line.index('os.environ.get("DISTENV_AUTO"') < line.index("__import__")
+
+
+# -- active: export + hooks, no framework imported ----------------------------------------------
+@needs_pth
+def test_DISTENV_AUTO_exports_and_hooks_without_importing_any_framework():
+    rep, p = run_py("import json, email.message, importlib, unittest\nreport()", {"DISTENV_AUTO": "1", **OMPI_2})
+    assert p.returncode == 0, p.stderr
+    assert rep["hooked"] and rep["env"]["world_size"] == 2
+    assert rep["vars"] == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rep["env"]["master_port"]),
+                           "NODE_RANK": "0"}
+    assert rep["frameworks"] == [] and rep["adapters"] == []
+
+
+def test_a_missing_framework_stays_missing_and_loads_no_adapter():
+    code = """
+        import distenv.auto
+        missing = []
+        for name in ("tensorflow", "deepspeed", "transformers", "accelerate", "lightning", "pytorch_lightning"):
+            try:
+                __import__(name)
+            except ImportError:
+                missing.append(name)
+        report(missing=missing)
+    """
+    rep, p = run_py(code, OMPI_2)
+    assert p.returncode == 0, p.stderr
+    absent = [m for m in rep["missing"]]
+    # No adapter module is imported for a framework that did not import.
+    for name in absent:
+        adapter = distenv.auto.HOOKS[name][0]
+        assert adapter not in rep["adapters"], (name, rep["adapters"])
+
+
+@pytest.mark.parametrize("how", ["DISTENV_AUTO", "import"])
+def test_hooks_patch_after_import_and_only_what_was_imported(fake, how):
+    if how == "DISTENV_AUTO" and not _has_pth():
+        pytest.skip("distenv_auto.pth not installed")
+    code = HOOK_FAKES + textwrap.dedent("""
+        import fake_adapter, importlib.resources, inspect, importlib.machinery
+        before = list(fake_adapter.CALLS)
+        import fakefw
+        after_fw = list(fake_adapter.CALLS)
+        import fakefw              # a second import patches nothing more
+        report(before=before, calls=fake_adapter.CALLS, after_fw=after_fw,
+               loader=type(fakefw.__loader__).__name__, spec_loader=type(fakefw.__spec__.loader).__name__,
+               source=inspect.getsource(fakefw.sub), resource=importlib.resources.files("fakefw").joinpath("data.txt").read_text(),
+               alone="fakefw_alone" in sys.modules)
+    """)
+    env = {"DISTENV_AUTO": "1", **OMPI_2} if how == "DISTENV_AUTO" else OMPI_2
+    prefix = "" if how == "DISTENV_AUTO" else "import distenv.auto\n"
+    rep, p = run_py(prefix + code, env, fake=fake)
+    assert p.returncode == 0, p.stderr
+    assert rep["before"] == []
+    # fakefw imports fakefw_inner: both adapters run once, after the outermost import is whole.
+    assert rep["calls"] == [["inner", True, True], ["outer", True, True]] or \
+        rep["calls"] == [["outer", True, True], ["inner", True, True]]
+    assert rep["after_fw"] == rep["calls"]
+    assert not rep["alone"] and "alone" not in json.dumps(rep["calls"])
+    # The module keeps its real loader: source and resources work.
+    assert rep["loader"] == rep["spec_loader"] == "SourceFileLoader"
+    assert rep["source"] == "VALUE = 42\n" and rep["resource"] == "resource\n"
+
+
+def test_a_framework_imported_before_auto_is_patched_on_activation(fake):
+    code = """
+        import fakefw_alone
+        import distenv.auto as a
+        a.deactivate()
+        a.HOOKS.clear()
+        a.HOOKS.update({"fakefw_alone": ("fake_adapter", "patch_alone")})
+        a.activate()
+        import fake_adapter
+        report(calls=fake_adapter.CALLS)
+    """
+    rep, p = run_py(code, OMPI_2, fake=fake)
+    assert p.returncode == 0, p.stderr
+    assert rep["calls"] == [["alone", True, None]]
+
+
+def test_hooks_are_not_installed_outside_a_distributed_launch(fake):
+    code = HOOK_FAKES + textwrap.dedent("""
+        import fake_adapter, fakefw
+        report(calls=fake_adapter.CALLS)
+    """)
+    rep, p = run_py("import distenv.auto\n" + code, {}, fake=fake)
+    assert p.returncode == 0, p.stderr
+    assert rep["calls"] == [] and not rep["hooked"]
+
+
+def test_missing_adapter_function_warns_and_the_import_proceeds(fake):
+    code = """
+        import distenv.auto as a
+        a.HOOKS["fakefw_alone"] = ("fake_adapter", "no_such_patch")
+        import fakefw_alone
+        report(skipped=a.skipped, ready=fakefw_alone.READY)
+    """
+    rep, p = run_py(code, OMPI_2, fake=fake)
+    assert p.returncode == 0, p.stderr
+    assert rep["ready"] is True and "fake_adapter:no_such_patch" in rep["skipped"]
+    assert "fakefw_alone was imported but is not patched" in p.stderr
+
+
+def test_an_adapter_error_surfaces_at_the_import(fake):
+    (fake / "bad_adapter.py").write_text(
+        "from distenv.errors import DistEnvError\n"
+        "def patch():\n    raise DistEnvError('Trainer(devices=1) contradicts the launch. Fix: devices=2')\n")
+    code = """
+        import distenv.auto as a
+        a.HOOKS["fakefw_alone"] = ("bad_adapter", "patch")
+        try:
+            import fakefw_alone
+        except Exception as exc:
+            report(error=str(exc))
+    """
+    rep, p = run_py(code, OMPI_2, fake=fake)
+    assert rep and "Fix: devices=2" in rep["error"], p.stderr
+
+
+# -- errors, per-node, undo ---------------------------------------------------------------------
+@needs_pth
+def test_DISTENV_AUTO_with_a_broken_launch_stops_with_one_line():
+    rep, p = run_py("report()", {"DISTENV_AUTO": "1", "OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2",
+                                 "HF_TOKEN": "hf_secretsecretsecretsecret00"})
+    assert p.returncode == 2 and rep is None
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distenv.auto: error: OMPI_COMM_WORLD_RANK='x'")
+    assert "unset it to start without distenv" in lines[0]
+
+
+@needs_pth
+def test_per_node_launch_warns_to_use_distenv_run():
+    env = {**OMPI_2, "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+           "OMPI_MCA_orte_num_nodes": "2", "DISTENV_NPROC_PER_NODE": "2", "MASTER_ADDR": "node1"}
+    rep, p = run_py("report()", {"DISTENV_AUTO": "1", **env})
+    assert p.returncode == 0, p.stderr
+    assert rep["env"]["launch"] == "per-node" and "distenv run" in p.stderr
+    assert rep["vars"]["RANK"] is None and rep["vars"]["NODE_RANK"] == "1"
+    rep, p = run_py("report()", {"DISTENV_AUTO": "1", "DISTENV_RUN": "1", **env})
+    assert p.stderr == ""  # started by distenv run: the torchrun agent, no warning
+
+
+def test_deactivate_restores_the_environment():
+    code = """
+        import os
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        import distenv.auto as a
+        exported = dict(a.exported)
+        a.deactivate()
+        report(exported=exported)
+    """
+    rep, p = run_py(code, OMPI_2)
+    assert p.returncode == 0, p.stderr
+    assert "RANK" in rep["exported"] and "MASTER_ADDR" not in rep["exported"]
+    assert rep["vars"]["RANK"] is None and rep["vars"]["MASTER_ADDR"] == "127.0.0.1"
+    assert not rep["hooked"]
+
+
+@needs_pth
+def test_cli_describes_the_environment_it_was_given_under_DISTENV_AUTO():
+    env = {**OMPI_2, "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+           "OMPI_MCA_orte_num_nodes": "2", "MASTER_ADDR": "node1"}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "DISTENV_"))}
+    base["PYTHONPATH"] = SRC
+    plain = subprocess.run([sys.executable, "-m", "distenv", "show", "--json"], env={**base, **env},
+                           capture_output=True, text=True, timeout=60)
+    auto = subprocess.run([sys.executable, "-m", "distenv", "show", "--json"],
+                          env={**base, **env, "DISTENV_AUTO": "1"}, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == auto.returncode == 0, auto.stderr
+    assert json.loads(plain.stdout) == json.loads(auto.stdout)
