@@ -1,0 +1,299 @@
+"""Keras (tf-keras and Keras 3): chief-aware callbacks, and `keras.distribution` from the launch.
+
+    callbacks = distenv.keras.callbacks([
+        keras.callbacks.ModelCheckpoint("out/model.keras"),
+        keras.callbacks.TensorBoard("out/tb"),
+        keras.callbacks.CSVLogger("out/log.csv"),
+        keras.callbacks.BackupAndRestore("out/backup"),
+    ])
+    model.fit(x, y, callbacks=callbacks, verbose=distenv.keras.verbose())
+
+Under MultiWorkerMirroredStrategy every worker must run the same saving code (saving reads
+variables through collectives), but only one may write where the user asked: two workers
+writing one HDF5 file die on its lock, and two CSV loggers interleave. `callbacks()` keeps
+the user's callbacks and, on every worker but the chief, points their output at a private
+temporary directory that is removed when training ends (and at exit):
+
+* ModelCheckpoint (`filepath`), TensorBoard (`log_dir`), CSVLogger (`filename`): the chief
+  writes the user's path, other workers ``<tmp>/<same name>``;
+* BackupAndRestore: one directory per worker, ``<backup_dir>/worker-<rank>`` (every worker
+  saves and restores its own state), except under tf-keras with a multi-worker
+  `tf.distribute` strategy, which already shares one directory between chief and workers;
+* progress bars: a silent ProgbarLogger on non-chief workers (``fit(verbose=...)`` then
+  prints on the chief only), and TensorFlow's Python loggers lowered to errors there.
+
+`initialize()` feeds `keras.distribution.initialize` (JAX backend) from the resolved launch.
+Keras is imported inside the functions: `import distenv.keras` costs nothing without it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+
+from . import ports
+from .description import PER_NODE, DistEnv
+from .errors import DistEnvError
+
+#: Callback class name -> the attribute holding the path it writes.
+PATH_ATTRS = {"ModelCheckpoint": "filepath", "TensorBoard": "log_dir", "CSVLogger": "filename"}
+
+
+def _resolve(env) -> DistEnv:
+    if isinstance(env, DistEnv):
+        return env
+    from .resolver import resolve
+
+    return resolve(env)
+
+
+def is_chief(env=None) -> bool:
+    """True on the worker that writes the user's paths: the TF_CONFIG chief (or worker 0)
+    when `distenv.tensorflow.strategy()` built the cluster, else global rank 0."""
+    tf_adapter = sys.modules.get("distenv.tensorflow")
+    if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
+        return tf_adapter.is_chief()
+    d = _resolve(env)
+    if not d.is_distributed:
+        return True
+    if d.launcher == "tf_config":
+        from .tensorflow import is_chief as tf_is_chief
+
+        return tf_is_chief(d)
+    return d.is_main
+
+
+def worker_index(env=None) -> int:
+    """This worker's index (global rank; node rank for a per-node launch)."""
+    tf_adapter = sys.modules.get("distenv.tensorflow")
+    if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
+        index = tf_adapter._last["plan"].get("index")
+        if index is not None:
+            return index
+    d = _resolve(env)
+    value = d.node_rank if d.launch == PER_NODE else d.rank
+    return 0 if value is None else value
+
+
+def verbose(default="auto", env=None):
+    """The `verbose` to give `fit`/`evaluate`: `default` on the chief, 0 elsewhere."""
+    return default if is_chief(env) else 0
+
+
+def _class_names(cb) -> "list[str]":
+    return [k.__name__ for k in type(cb).__mro__]
+
+
+def _flavour_of(cb) -> str:
+    for k in type(cb).__mro__:
+        root = k.__module__.split(".", 1)[0]
+        if root in ("tf_keras", "keras"):
+            return root
+    return "keras"
+
+
+def _multi_worker_strategy(strategy) -> bool:
+    if strategy is None:
+        tf_adapter = sys.modules.get("distenv.tensorflow")
+        if tf_adapter is not None:
+            strategy = tf_adapter._last.get("strategy")
+    if strategy is None and "tensorflow" in sys.modules:
+        strategy = sys.modules["tensorflow"].distribute.get_strategy()
+    try:
+        return bool(strategy.extended._in_multi_worker_mode())
+    except AttributeError:
+        return False
+
+
+class _Scratch:
+    """One private temporary directory per process, removed at train end and at exit."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.path = None
+
+    def make(self) -> str:
+        if self.path is None:
+            self.path = tempfile.mkdtemp(prefix=f"distenv-worker{self.index}-")
+            atexit.register(self.remove)
+        os.makedirs(self.path, exist_ok=True)
+        return self.path
+
+    def remove(self) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _redirect(cb, attr: str, scratch: _Scratch) -> None:
+    original = str(getattr(cb, attr))
+    name = os.path.basename(original.rstrip("/\\")) or attr
+    setattr(cb, attr, os.path.join(scratch.make(), name))
+
+
+def _per_worker_backup(cb, index: int) -> None:
+    base = str(cb.backup_dir)
+    mine = os.path.join(base, f"worker-{index}")
+    cb.backup_dir = mine
+    # Keras 3 derives its file paths in __init__; keep them in step.
+    for attr, leaf in (("_weights_path", "latest.weights.h5"),
+                       ("_training_metadata_path", "training_metadata.json")):
+        if hasattr(cb, attr):
+            setattr(cb, attr, os.path.join(mine, leaf))
+    for attr, src in (("_prev_weights_path", "_weights_path"),
+                      ("_prev_training_metadata_path", "_training_metadata_path")):
+        if hasattr(cb, attr) and hasattr(cb, src):
+            setattr(cb, attr, getattr(cb, src) + ".bkp")
+
+
+def _keras_module(flavour: str):
+    if flavour == "tf_keras":
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def _guess_flavour() -> str:
+    if "tf_keras" in sys.modules or os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
+        return "tf_keras"
+    return "keras"
+
+
+def _cleanup_callback(keras, scratch: _Scratch):
+    class DistenvCleanup(keras.callbacks.Callback):
+        """Re-creates the private directory before training, removes it after."""
+
+        def on_train_begin(self, logs=None):
+            if scratch.path is not None:
+                os.makedirs(scratch.path, exist_ok=True)
+
+        def on_train_end(self, logs=None):
+            scratch.remove()
+
+    return DistenvCleanup()
+
+
+def _silent_progbar(keras):
+    class SilentProgbarLogger(keras.callbacks.ProgbarLogger):
+        """Takes the progress bar's place on a non-chief worker and prints nothing."""
+
+        def set_params(self, params):
+            super().set_params(params)
+            self.verbose = 0
+
+    return SilentProgbarLogger()
+
+
+def callbacks(cbs=None, *, env=None, strategy=None, chief: "bool | None" = None,
+              quiet: bool = True) -> list:
+    """The user's callbacks made chief-aware (see the module docstring); a new list.
+
+    `chief` overrides the chief test (default `is_chief(env)`); `strategy` the strategy
+    used to tell tf-keras multi-worker mode (default: the one `distenv.tensorflow` made).
+    The callbacks are changed in place, so build a fresh list per `fit`.
+    """
+    cbs = list(cbs or [])
+    chief = is_chief(env) if chief is None else chief
+    index = worker_index(env)
+    flavours = {_flavour_of(cb) for cb in cbs if "Callback" in _class_names(cb)}
+    flavour = flavours.pop() if len(flavours) == 1 else _guess_flavour()
+    scratch = _Scratch(index)
+    out = []
+    for cb in cbs:
+        names = _class_names(cb)
+        if "BackupAndRestore" in names and hasattr(cb, "backup_dir"):
+            if not (_flavour_of(cb) == "tf_keras" and _multi_worker_strategy(strategy)):
+                _per_worker_backup(cb, index)
+            out.append(cb)
+            continue
+        if not chief:
+            if "ProgbarLogger" in names:
+                continue  # replaced by a silent one below
+            for cls, attr in PATH_ATTRS.items():
+                if cls in names and getattr(cb, attr, None):
+                    _redirect(cb, attr, scratch)
+                    break
+        out.append(cb)
+    if not chief:
+        keras = _keras_module(flavour)
+        out.append(_silent_progbar(keras))
+        out.append(_cleanup_callback(keras, scratch))
+        if quiet:
+            for name in ("tensorflow", "absl", "keras"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+    return out
+
+
+# -- keras.distribution (JAX backend) --------------------------------------------------------
+def initialize_args(env=None, *, environ=None, port: "int | None" = None) -> dict:
+    """The arguments `initialize()` gives `keras.distribution.initialize`, without Keras:
+    ``{"job_addresses": "<rank 0 host>:<port>", "num_processes": N, "process_id": i}``.
+
+    The coordinator port is `port`, else DISTENV_KERAS_PORT, else derived from the job
+    (never the master port, which torchrun's own store may hold).
+    """
+    if env is not None and not isinstance(env, DistEnv):
+        environ, env = env, None
+    src = os.environ if environ is None else environ
+    d = env if env is not None else _resolve(src)
+    per_node = d.launch == PER_NODE
+    count = d.num_nodes if per_node else d.world_size
+    index = d.node_rank if per_node else d.rank
+    if count is None or index is None:
+        raise DistEnvError(
+            f"keras.distribution needs the number of processes and this one's index, but "
+            f"{d.launcher} does not reveal {'them' if count is None and index is None else 'the count' if count is None else 'the index'}. "
+            "Fix: launch with a launcher that does, or set KERAS_DISTRIBUTION_NUM_PROCESSES and "
+            "KERAS_DISTRIBUTION_PROCESS_ID."
+        )
+    addr = d.master_addr
+    if addr is None:
+        if count == 1:
+            addr = "127.0.0.1"
+        else:
+            raise DistEnvError(
+                f"keras.distribution needs the coordinator (rank 0) address, which {d.launcher} "
+                "does not reveal across nodes. Fix: export MASTER_ADDR=<rank 0's host> to every "
+                "rank, or call distenv.discover() first and pass its result as env."
+            )
+    if port is None and src.get("DISTENV_KERAS_PORT"):
+        from .reading import parse_int
+
+        port = parse_int(src["DISTENV_KERAS_PORT"], "DISTENV_KERAS_PORT", minimum=1)
+    if port is None:
+        port = ports.port_for(f"keras:{d.launcher}:{d.job_id}:{addr}:{d.master_port}")
+        if port == d.master_port:
+            port += 1
+    host = f"[{addr}]" if ":" in addr else addr
+    return {"job_addresses": f"{host}:{port}", "num_processes": count, "process_id": index}
+
+
+def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False) -> dict:
+    """Call `keras.distribution.initialize` with the launch's coordinator, size and index.
+
+    Keras 3 implements it for the JAX backend only. `set_environ` also writes the
+    KERAS_DISTRIBUTION_* variables. Returns the arguments used.
+    """
+    args = initialize_args(env, port=port)
+    if set_environ:
+        os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = args["job_addresses"]
+        os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"] = str(args["num_processes"])
+        os.environ["KERAS_DISTRIBUTION_PROCESS_ID"] = str(args["process_id"])
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "jax":
+        raise DistEnvError(
+            f"keras.distribution.initialize works with the JAX backend only; KERAS_BACKEND is "
+            f"{backend!r}. Fix: set KERAS_BACKEND=jax before importing keras, or with TensorFlow "
+            "use distenv.tensorflow.strategy()."
+        )
+    if args["num_processes"] > 1:
+        keras.distribution.initialize(**args)
+    return args
