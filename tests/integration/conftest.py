@@ -1,0 +1,224 @@
+"""Real-launcher tests: session fixtures for what they need running, and the rule that
+turns skips into failures when DISTENV_REQUIRE_LAUNCHERS=1.
+
+Fixtures (session scope, brought up once, with the project's own scripts):
+
+    slurm1   the one-node SLURM of integrations/slurm/start.sh        -> its SLURM_CONF
+    cluster  the two network-namespace nodes of integrations/cluster/up.sh
+    slurm2   the two-node SLURM of integrations/cluster/slurm-up.sh   -> its SLURM_CONF
+
+Each is idempotent (the scripts are), and is torn down at the end of the session only
+if this session started it: a cluster that was already up (a developer's, or another
+session's) is left as it was. Teardown uses the scripts' stop/down commands, which stop
+daemons by pid file and kill whatever still runs inside the namespaces.
+
+Each fixture skips with the reason when it cannot work here (not root, no network
+namespaces, SLURM not installed, ...); `layout_records`/`need` skip when a launcher is not
+installed. With DISTENV_REQUIRE_LAUNCHERS=1 every such skip in tests/integration is a
+failure instead (pytest_runtest_makereport below; it also catches skips raised in fixtures
+and by skip marks, in the setup phase, and reports them as FAILED, not ERROR).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import harness  # noqa: E402
+
+REQUIRE = os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("", "0")
+SLURM_DIR = harness.REPO / "integrations" / "slurm"
+CLUSTER_DIR = harness.CLUSTER
+
+
+# -- DISTENV_REQUIRE_LAUNCHERS=1: a skip is a failure ----------------------------------------
+def _under_here(item) -> bool:
+    try:
+        return HERE in Path(str(item.path)).resolve().parents
+    except AttributeError:  # pragma: no cover - pytest < 7
+        return HERE in Path(str(item.fspath)).resolve().parents
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or not _under_here(item):
+        return
+    reason = rep.longrepr
+    if isinstance(reason, tuple) and len(reason) == 3:
+        reason = reason[2]
+    rep.outcome = "failed"
+    rep.longrepr = (f"DISTENV_REQUIRE_LAUNCHERS=1 makes this skip ({rep.when} phase) a "
+                    f"failure: {reason}")
+    rep.user_properties.append(("distenv_required_skip", rep.when))
+
+
+def pytest_report_teststatus(report, config):
+    """A converted skip counts as FAILED, also when a fixture raised it (setup phase),
+    where pytest would otherwise say ERROR."""
+    if report.when == "setup" and report.failed and \
+            ("distenv_required_skip", "setup") in report.user_properties:
+        return "failed", "F", "FAILED"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _under_here(item):
+            item.add_marker(pytest.mark.launcher)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _run(argv, timeout=180):
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                          timeout=timeout, env=harness.clean_env(), stdin=subprocess.DEVNULL)
+
+
+def _export_line(stdout: str, script) -> str:
+    for line in stdout.splitlines():
+        if line.startswith("export SLURM_CONF="):
+            return line.split("=", 1)[1].strip()
+    pytest.fail(f"{script} printed no `export SLURM_CONF=` line: {stdout!r}")
+
+
+def _pid_alive(pidfile: Path) -> bool:
+    try:
+        os.kill(int(pidfile.read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _fail_script(what, p):
+    pytest.fail(f"{what} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+
+
+def _slurm_tools():
+    tools = ["slurmctld", "slurmd", "srun", "sbatch", "salloc", "scontrol", "sinfo", "munge"]
+    missing = [t for t in tools if shutil.which(t) is None]
+    if not (shutil.which("munged") or os.access("/usr/sbin/munged", os.X_OK)):
+        missing.append("munged")
+    if missing:
+        pytest.skip(f"SLURM is not installed ({', '.join(missing)} not found): run "
+                    "integrations/slurm/install.sh")
+    if not os.path.isdir("/sys/fs/cgroup") or not os.listdir("/sys/fs/cgroup"):
+        pytest.skip("slurmd needs /sys/fs/cgroup mounted, and it is not")
+
+
+# -- session fixtures --------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (daemons as SlurmUser=root, network namespaces, /etc/hosts)")
+
+
+@pytest.fixture(scope="session")
+def ranks_python():
+    """The interpreter every rank runs: it must import distenv from any directory, since
+    ranks start in other directories, on other "nodes", with a fresh environment."""
+    p = subprocess.run([sys.executable, "-c", "import distenv; print(distenv.__file__)"],
+                       capture_output=True, text=True, cwd="/", timeout=60,
+                       env=harness.clean_env({"PYTHONPATH": ""}))
+    if p.returncode != 0:
+        pytest.skip(f"{sys.executable} cannot import distenv outside the repository "
+                    f"(install it: {sys.executable} -m pip install -e .): {p.stderr[-300:]}")
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def torch_python(ranks_python):
+    p = subprocess.run([sys.executable, "-c", "import torch.distributed as d; "
+                        "assert d.is_available() and d.is_gloo_available()"],
+                       capture_output=True, text=True, cwd="/", timeout=180)
+    if p.returncode != 0:
+        pytest.skip(f"torch with gloo is not importable by {sys.executable} "
+                    f"(pip install torch==2.13.0): {p.stderr[-300:]}")
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def slurm1(root):
+    """One-node SLURM (integrations/slurm/start.sh); yields its SLURM_CONF."""
+    _slurm_tools()
+    run = harness.run_dir() / "slurm1"
+    was_up = all(_pid_alive(run / f) for f in ("slurmctld.pid", "slurmd.pid"))
+    p = _run([SLURM_DIR / "start.sh"])
+    if p.returncode != 0:
+        _fail_script("integrations/slurm/start.sh", p)
+    conf = _export_line(p.stdout, "integrations/slurm/start.sh")
+    yield conf
+    if not was_up:
+        _run([SLURM_DIR / "stop.sh"])
+
+
+def _cluster_is_up() -> bool:
+    return all(Path(f"/run/netns/{n}").exists() for n in harness.NODES) and \
+        Path("/sys/class/net/distenv-br0").exists()
+
+
+@pytest.fixture(scope="session")
+def cluster(root):
+    """The two nodes of integrations/cluster/up.sh (network namespaces node1, node2)."""
+    missing = [t for t in ("ip", "nsenter", "unshare") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not found (install iproute2 util-linux)")
+    p = _run(["unshare", "--net", "--uts", "true"], timeout=30)
+    if p.returncode != 0:
+        pytest.skip(f"no network namespaces here (`unshare --net --uts true` failed: "
+                    f"{p.stderr.strip()[-200:]})")
+    was_up = _cluster_is_up()
+    p = _run([CLUSTER_DIR / "up.sh"])
+    if p.returncode != 0:
+        _fail_script("integrations/cluster/up.sh", p)
+    yield harness.NODES
+    if not was_up:
+        _run([CLUSTER_DIR / "down.sh"])
+
+
+@pytest.fixture(scope="session")
+def slurm2(cluster):
+    """Two-node SLURM on the cluster (integrations/cluster/slurm-up.sh); yields SLURM_CONF."""
+    _slurm_tools()
+    run = harness.run_dir() / "cluster" / "slurm"
+    was_up = all(_pid_alive(run / f) for f in
+                 ("slurmctld.pid", "slurmd-node1.pid", "slurmd-node2.pid"))
+    p = _run([CLUSTER_DIR / "slurm-up.sh"])
+    if p.returncode != 0:
+        _fail_script("integrations/cluster/slurm-up.sh", p)
+    conf = _export_line(p.stdout, "integrations/cluster/slurm-up.sh")
+    yield conf
+    if not was_up:
+        _run([CLUSTER_DIR / "slurm-down.sh"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _itest_dir():
+    """Launch directories of failed runs are kept for debugging; empty ones go."""
+    yield
+    base = harness.run_dir() / "itest"
+    if base.is_dir() and not any(base.iterdir()):
+        base.rmdir()
+
+
+@pytest.fixture
+def need(request, ranks_python):
+    """need(layout): bring up what the layout needs, skip if its launcher is missing."""
+    def _need(lay: harness.Layout) -> harness.Layout:
+        if lay.needs != "local":
+            request.getfixturevalue(lay.needs)
+        why = harness.missing(lay)
+        if why:
+            pytest.skip(f"{lay.name}: {why}")
+        if lay.torch:
+            request.getfixturevalue("torch_python")
+        return lay
+    return _need

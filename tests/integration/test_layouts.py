@@ -1,0 +1,298 @@
+"""distenv under real launchers: every rank's answer against the launcher's own truth.
+
+Each layout of harness.LAYOUTS runs once per session (rank_probe.py as every rank: the
+launcher's numbering from its variables, `python -m distenv show --json`, `distenv
+export`, and `resolve().export({})` in the rank); the tests below each check one property
+on that run's records:
+
+- ranks are 0..N-1, unique, equal to the launcher's; world size N;
+- local ranks equal the launcher's and form 0..L-1 on every host; local world size = L;
+- node ranks (where known) follow the lowest rank on each host and are 0..nodes-1; the
+  node count is the number of distinct hosts; processes per node where it is uniform;
+- every rank agrees on master address and port; the address is rank 0's node
+  (127.0.0.1 on one node, rank 0's host name or IP on two) or, where the launcher does
+  not reveal it, unknown -- and then export() and `distenv export` fail naming MASTER_ADDR;
+- fields the layout declares unknown are None, and export() names the missing ones.
+
+A disagreement that is the resolver's fault is marked xfail(strict) in KNOWN_BUGS.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+
+import harness
+from harness import LAYOUTS
+
+pytestmark = [pytest.mark.launcher, pytest.mark.timeout(600)]
+
+FIELDS = ("launcher", "platform", "launch", "rank", "local_rank", "world_size",
+          "local_world_size", "node_rank", "num_nodes", "nproc_per_node", "master_addr",
+          "master_port", "hosts", "job_id")
+
+OMPI5_BUG = harness.OMPI5_MASTER_BUG
+#: (layout, test) -> reason. Each is strict: when the resolver is fixed, the xfail fails.
+KNOWN_BUGS = {
+    ("openmpi5-2x2", "test_master"): OMPI5_BUG,
+    ("openmpi5-2x2", "test_export"): OMPI5_BUG,
+    ("slurm-N2-sbatch-openmpi5", "test_master"): OMPI5_BUG,
+    ("slurm-N2-sbatch-openmpi5", "test_export"): OMPI5_BUG,
+}
+
+_cache: dict = {}
+
+
+def params(test: str, names=None):
+    out = []
+    for name in names or LAYOUTS:
+        lay = LAYOUTS[name]
+        marks = [pytest.mark.launcher]
+        if lay.needs in ("cluster", "slurm2"):
+            marks.append(pytest.mark.cluster)
+        if (name, test) in KNOWN_BUGS:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[(name, test)]))
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+def run_layout(need, name: str):
+    """The layout's records (run once per session, then cached)."""
+    lay = need(LAYOUTS[name])
+    if name not in _cache:
+        try:
+            _cache[name] = harness.run_ranks(lay.launcher, lay.shape, harness.probe_cmd(lay))
+        except harness.LaunchError as exc:
+            _cache[name] = exc
+    result = _cache[name]
+    if isinstance(result, Exception):
+        pytest.fail(str(result), pytrace=False)
+    return lay, result
+
+
+def got(rec) -> dict:
+    return rec["distenv"]["json"]
+
+
+def by_host(records) -> "dict[str, list]":
+    hosts = defaultdict(list)
+    for r in records:
+        hosts[r["hostname"]].append(r)
+    return hosts
+
+
+def table(records, *fields) -> str:
+    """Per-rank view for assertion messages."""
+    rows = []
+    for r in records:
+        t = {k: v for k, v in r["truth"].items() if k not in ("vars", "family")}
+        d = got(r) or {}
+        rows.append(f"  {r['hostname']:6} truth={t} distenv={ {f: d.get(f) for f in fields} }")
+    return "\n".join(rows)
+
+
+# -- the CLI contract and the layout itself ------------------------------------------------------
+@pytest.mark.parametrize("name", params("test_cli_json"))
+def test_cli_json(need, name):
+    """`distenv show --json` works in every rank, prints exactly the contract fields, agrees
+    with resolve() in the process, and names the launcher that started the rank."""
+    lay, recs = run_layout(need, name)
+    assert len(recs) == lay.nranks
+    assert {r["hostname"] for r in recs} == set(lay.hosts), "layout ran on unexpected hosts"
+    for r in recs:
+        d = r["distenv"]
+        assert d["rc"] == 0 and d["json"] is not None, f"{r['hostname']}: {d['stderr']}"
+        assert list(json.loads(d["stdout"])) == list(FIELDS)  # the order is the contract too
+        inproc = r["inproc"]["fields"]
+        for f in FIELDS:
+            if f == "master_port" and d["json"]["launcher"] == "none":
+                continue  # a single process derives its port from its pid
+            assert inproc[f] == d["json"][f], f
+        assert d["json"]["launcher"] == lay.expect, table(recs, "launcher")
+        assert d["json"]["launch"] == "per-process"
+
+
+@pytest.mark.parametrize("name", params("test_ranks"))
+def test_ranks(need, name):
+    lay, recs = run_layout(need, name)
+    n = lay.nranks
+    ranks = [got(r)["rank"] for r in recs]
+    assert sorted(ranks) == list(range(n)), table(recs, "rank")
+    if lay.truth != "none":
+        assert [r["truth"]["rank"] for r in recs] == list(range(n)), "launcher numbering"
+        assert ranks == [r["truth"]["rank"] for r in recs], table(recs, "rank")
+    for r in recs:
+        if "world_size" in lay.unknown:
+            assert got(r)["world_size"] is None, table(recs, "world_size")
+        else:
+            assert got(r)["world_size"] == n, table(recs, "world_size")
+        if r["truth"].get("world_size") is not None:
+            assert r["truth"]["world_size"] == n
+
+
+@pytest.mark.parametrize("name", params("test_local_ranks"))
+def test_local_ranks(need, name):
+    lay, recs = run_layout(need, name)
+    for r in recs:
+        if r["truth"].get("local_rank") is not None:
+            assert got(r)["local_rank"] == r["truth"]["local_rank"], table(recs, "local_rank")
+    for host, rs in by_host(recs).items():
+        local = sorted(got(r)["local_rank"] for r in rs)
+        assert local == list(range(len(rs))), f"{host}:\n" + table(recs, "local_rank")
+        for r in rs:
+            assert got(r)["local_world_size"] == len(rs), table(recs, "local_world_size")
+
+
+@pytest.mark.parametrize("name", params("test_node_ranks"))
+def test_node_ranks(need, name):
+    lay, recs = run_layout(need, name)
+    hosts = by_host(recs)
+    order = sorted(hosts, key=lambda h: min(got(r)["rank"] for r in hosts[h]))
+    index = {h: i for i, h in enumerate(order)}
+    counts = Counter(r["hostname"] for r in recs)
+    uniform = len(set(counts.values())) == 1
+    for r in recs:
+        d = got(r)
+        if "node_rank" in lay.unknown:
+            assert d["node_rank"] is None, table(recs, "node_rank")
+        else:
+            assert d["node_rank"] == index[r["hostname"]], table(recs, "node_rank")
+        if r["truth"].get("node_rank") is not None:
+            assert d["node_rank"] == r["truth"]["node_rank"], table(recs, "node_rank")
+        if "num_nodes" in lay.unknown:
+            assert d["num_nodes"] is None, table(recs, "num_nodes")
+        else:
+            assert d["num_nodes"] == len(hosts), table(recs, "num_nodes")
+        if r["truth"].get("num_nodes") is not None:
+            assert r["truth"]["num_nodes"] == len(hosts)
+        if "nproc_per_node" in lay.unknown or not uniform:
+            assert d["nproc_per_node"] is None, table(recs, "nproc_per_node")
+        else:
+            assert d["nproc_per_node"] == counts[r["hostname"]], table(recs, "nproc_per_node")
+    known = {got(r)["node_rank"] for r in recs} - {None}
+    if known:
+        assert known == set(range(len(hosts)))
+
+
+@pytest.mark.parametrize("name", params("test_hosts_and_job"))
+def test_hosts_and_job(need, name):
+    """hosts (where given) list this rank's host at its node rank; one job id for all."""
+    lay, recs = run_layout(need, name)
+    assert len({tuple(got(r)["hosts"] or ()) for r in recs}) == 1
+    assert len({got(r)["job_id"] for r in recs}) == 1
+    for r in recs:
+        hosts = got(r)["hosts"]
+        if hosts is not None:
+            assert set(hosts) == {x["hostname"] for x in recs}
+            assert len(hosts) == got(r)["num_nodes"]
+            if got(r)["node_rank"] is not None:
+                assert hosts[got(r)["node_rank"]] == r["hostname"]
+
+
+@pytest.mark.parametrize("name", params("test_master"))
+def test_master(need, name):
+    lay, recs = run_layout(need, name)
+    ports = {got(r)["master_port"] for r in recs}
+    assert len(ports) == 1 and None not in ports, table(recs, "master_port")
+    addrs = {got(r)["master_addr"] for r in recs}
+    assert len(addrs) == 1, "ranks disagree on the master:\n" + table(recs, "master_addr")
+    addr = addrs.pop()
+    if "master_addr" in lay.unknown:
+        assert addr is None
+        return
+    rank0 = recs[0]
+    assert got(rank0)["rank"] == 0
+    if rank0["truth"].get("master_addr"):  # torchrun says it itself
+        assert addr == rank0["truth"]["master_addr"]
+        assert got(rank0)["master_port"] == rank0["truth"]["master_port"]
+    elif not lay.multi_node:
+        assert addr == "127.0.0.1"
+    else:
+        host = rank0["hostname"]
+        assert addr in (host, harness.NODE_IP.get(host)), table(recs, "master_addr")
+
+
+REQUIRED = {"master_addr": "MASTER_ADDR", "world_size": "WORLD_SIZE", "rank": "RANK",
+            "master_port": "MASTER_PORT"}
+
+
+@pytest.mark.parametrize("name", params("test_export"))
+def test_export(need, name):
+    """export({}) writes the fields; where the launcher hides a needed one, both export()
+    and `distenv export` fail (exit 2, one line) naming the missing variables."""
+    lay, recs = run_layout(need, name)
+    hidden = [var for field, var in REQUIRED.items() if field in lay.unknown]
+    for r in recs:
+        inproc, cli, d = r["inproc"], r["export"], got(r)
+        if hidden:
+            assert "export" not in inproc, f"export() succeeded: {inproc.get('export')}"
+            for var in hidden:
+                assert var in inproc["export_error"], inproc["export_error"]
+            assert cli["rc"] == 2 and cli["stdout"] == ""
+            lines = cli["stderr"].strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("distenv: error: "), cli["stderr"]
+            for var in hidden:
+                assert var in lines[0]
+        else:
+            assert "export_error" not in inproc, inproc.get("export_error")
+            written, mine = inproc["export"], inproc["fields"]  # (a single process's
+            for var, field in (("MASTER_ADDR", "master_addr"),  # port is its pid's)
+                               ("MASTER_PORT", "master_port"), ("RANK", "rank"),
+                               ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank")):
+                assert written[var] == str(mine[field])
+            assert cli["rc"] == 0, cli["stderr"]
+            assert f"export RANK={d['rank']}\n" in cli["stdout"]
+
+
+# -- layout-specific truths ------------------------------------------------------------------
+@pytest.mark.parametrize("name", params("test_openmpi5_local_ranks_out_of_order",
+                                        ["openmpi5-np4"]))
+def test_openmpi5_local_ranks_out_of_order(need, name):
+    """Open MPI 5's default mapping (oversubscribed) numbers local ranks 0,2,1,3: distenv
+    must follow the launcher, not rank order or rank % local size."""
+    lay, recs = run_layout(need, name)
+    truth = [r["truth"]["local_rank"] for r in recs]
+    assert truth != list(range(lay.nranks)), (
+        f"Open MPI 5 gave local ranks in rank order here ({truth}); this layout no longer "
+        "exercises the out-of-order case")
+    assert [got(r)["local_rank"] for r in recs] == truth
+
+
+@pytest.mark.parametrize("name", params("test_not_a_task",
+                                        ["slurm-N2-sbatch-script", "slurm-N2-salloc-shell"]))
+def test_not_a_task(need, name):
+    """The batch script (and the salloc shell) is ONE process, not task 0 of N: distenv says
+    launcher none, world size 1, and a note that tells the user to use srun."""
+    lay, (rec,) = run_layout(need, name)
+    d = got(rec)
+    assert (d["launcher"], d["rank"], d["world_size"]) == ("none", 0, 1)
+    assert "SLURM_JOB_ID" in rec["markers"]
+    if name.endswith("sbatch-script"):
+        assert "SLURM_PROCID" in rec["markers"] and "SLURM_STEP_ID" not in rec["markers"]
+    assert any("srun" in note for note in rec["inproc"]["notes"]), rec["inproc"]["notes"]
+
+
+@pytest.mark.parametrize("name", params("test_mpi_in_sbatch_wins",
+                                        [n for n in LAYOUTS if "-sbatch-" in n
+                                         and not n.endswith("script")]))
+def test_mpi_in_sbatch_wins(need, name):
+    """mpirun/mpiexec inside a batch job: every rank also carries the job's SLURM_*
+    variables (and Hydra's ranks an srun step's), yet distenv describes the MPI ranks."""
+    lay, recs = run_layout(need, name)
+    for r in recs:
+        assert "SLURM_JOB_ID" in r["markers"], r["markers"]
+        assert got(r)["launcher"] == lay.expect
+    assert {r["markers"].get("SLURM_PROCID") for r in recs} != {None}, \
+        "no rank inherited SLURM_PROCID: the layout does not test the nesting rule"
+
+
+@pytest.mark.parametrize("name", params("test_torchrun_in_srun", ["torchrun-srun-N2-2x2"]))
+def test_torchrun_in_srun(need, name):
+    """torchrun's workers carry the srun task's SLURM_* (one task per node), but distenv
+    describes the workers: 4 ranks, node rank = torchrun's GROUP_RANK."""
+    lay, recs = run_layout(need, name)
+    assert {r["markers"].get("SLURM_PROCID") for r in recs} == {"0", "1"}
+    for r in recs:
+        assert r["markers"]["SLURM_NODEID"] == str(got(r)["node_rank"])
+        assert got(r)["launcher"] == "torchrun"
