@@ -1,0 +1,356 @@
+"""Lightning: a `ClusterEnvironment` that is right under every launcher.
+
+    from distenv.lightning import DistenvEnvironment, trainer_kwargs
+
+    trainer = Trainer(max_epochs=3, plugins=[DistenvEnvironment()], **trainer_kwargs())
+
+The same line works with the `lightning` package (``lightning.pytorch.Trainer``,
+``lightning.fabric.Fabric``) and with the separate `pytorch_lightning` / `lightning_fabric`
+packages: their two `ClusterEnvironment` base classes are distinct, and `DistenvEnvironment`
+is registered as a (virtual) subclass of each one imported in the process, so either
+Trainer accepts it from ``plugins=[...]``.
+
+What it does, by launch (see `distenv.resolve`):
+
+* **per-process** (mpirun, srun, torchrun, a platform started every worker): the launcher
+  created the processes (``creates_processes_externally`` is True) and ranks, sizes and the
+  master come from distenv, never from Lightning's arithmetic. Without this plugin Lightning
+  under mpirun (no mpi4py) falls back to its default environment: every rank believes it
+  is rank 0 and the job silently trains N independent copies.
+* **per-node** (one process per node that must start the workers, e.g. an MPI job with
+  one process per node and ``DISTENV_NPROC_PER_NODE=2``, or an Azure ML MPI job with
+  ``process_count_per_node=1`` on GPU nodes): Lightning starts ``devices`` workers on each
+  node, with distenv's node rank, node count, master address and port.
+* **no launcher** (``python train.py``): one node; Lightning may start ``devices`` workers
+  itself, as it does without a plugin.
+
+`validate_settings` (called by Lightning before it starts or joins workers, and by a guard
+when a single-device Trainer would silently train alone) raises `DistEnvError` naming the
+``Trainer(devices=..., num_nodes=...)`` values that match the launch. `trainer_kwargs()`
+returns exactly those values.
+
+Lightning is imported lazily: ``import distenv.lightning`` costs nothing without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from . import resolve
+from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv
+from .errors import DistEnvError
+
+#: Set by a per-node process for the workers Lightning starts from it: its DistEnv as JSON.
+WORKER_VAR = "DISTENV_LIGHTNING_NODE"
+
+# (module holding the ClusterEnvironment base class, module of the Trainer's strategies)
+_PACKAGES = (
+    ("lightning.fabric.plugins.environments", "lightning.pytorch.strategies"),
+    ("lightning_fabric.plugins.environments", "pytorch_lightning.strategies"),
+)
+_ROOTS = {"lightning.fabric.plugins.environments": ("lightning", "lightning.fabric"),
+          "lightning_fabric.plugins.environments": ("lightning_fabric", "pytorch_lightning")}
+
+
+# -- what the launch means for a Trainer (pure; unit-tested on environments) ----------------------
+def _spawns(env: DistEnv) -> bool:
+    """Lightning starts the workers of this launch (per-node, or a lone process)."""
+    return env.launch == PER_NODE or env.launcher == "none"
+
+
+def _nodes(env: DistEnv) -> "int | None":
+    if env.num_nodes is not None:
+        return env.num_nodes
+    size, local = env.world_size, env.local_world_size
+    if size is not None and local and size % local == 0:
+        return size // local  # equal counts per node: the only layout Lightning supports
+    return None
+
+
+def settings(env: DistEnv) -> "tuple[int, int]":
+    """The (devices, num_nodes) a Trainer needs for this launch; DistEnvError if none fit."""
+    if env.launcher == "none" and env.launch == PER_PROCESS:
+        return 1, 1
+    if env.launch == PER_NODE:
+        if env.nproc_per_node is None or env.num_nodes is None:
+            raise DistEnvError(
+                f"per-node launch with nproc_per_node={env.nproc_per_node}, num_nodes="
+                f"{env.num_nodes}: Lightning needs both. Fix: set DISTENV_NPROC_PER_NODE=<workers "
+                "per node>, or run `distenv show --explain` to see what the launcher revealed."
+            )
+        return env.nproc_per_node, env.num_nodes
+    size, local, nodes = env.world_size, env.local_world_size, _nodes(env)
+    if size is None or local is None or nodes is None:
+        raise DistEnvError(
+            f"{env.launcher} reveals world_size={size}, local_world_size={local}, num_nodes="
+            f"{env.num_nodes}: Lightning needs the processes per node and the node count. "
+            "Fix: export WORLD_SIZE/LOCAL_WORLD_SIZE for every rank, or run `distenv show "
+            "--explain` to see what is known."
+        )
+    if local * nodes != size:
+        raise DistEnvError(
+            f"{env.launcher} started {size} processes on {nodes} nodes, {local} on this one "
+            f"({env.provenance.get('local_world_size', '')}): Lightning needs the same number on "
+            "every node. Fix: launch an equal count per node (srun --ntasks-per-node=N, mpirun "
+            "--map-by ppr:N:node)."
+        )
+    return local, nodes
+
+
+def trainer_kwargs(environ=None, **overrides) -> dict:
+    """``{"devices": ..., "num_nodes": ...}`` matching the launch: pass them to the Trainer.
+
+    A lone process (no launcher) gets ``devices=1``: to use several, start them with a
+    launcher or set DISTENV_NPROC_PER_NODE=N so that Lightning starts N.
+    """
+    devices, nodes = settings(_resolve(environ, overrides))
+    return {"devices": devices, "num_nodes": nodes}
+
+
+def _resolve(environ, overrides) -> DistEnv:
+    """The launch, or for a worker Lightning started from a per-node process, the node's
+    description handed down by that process (its launcher variables describe the node)."""
+    env_map = os.environ if environ is None else environ
+    node = env_map.get(WORKER_VAR)
+    if node and "LOCAL_RANK" in env_map and not overrides:
+        try:
+            values = json.loads(node)
+        except ValueError:
+            raise DistEnvError(f"{WORKER_VAR} is not valid JSON: {node[:80]!r}. Fix: unset it.") from None
+        why = f"{WORKER_VAR} (the node process that started this worker)"
+        return DistEnv(values, {f: why for f in FIELDS if values.get(f) is not None})
+    return resolve(environ, **overrides)
+
+
+def mismatch_message(env: DistEnv, num_devices, num_nodes) -> "str | None":
+    """Why Trainer(devices=num_devices, num_nodes=num_nodes) contradicts the launch, or None."""
+    if env.launcher == "none" and env.launch == PER_PROCESS:
+        if num_nodes == 1:
+            return None  # Lightning starts `devices` workers on this one node
+        return (f"Trainer(num_nodes={num_nodes}) but this is a single process with no launcher "
+                f"({env.provenance.get('launcher', '')}); nothing starts it on other nodes. Fix: "
+                "Trainer(num_nodes=1), or start one process per node or per worker with your "
+                "launcher (srun, mpirun, torchrun) and use **distenv.lightning.trainer_kwargs().")
+    devices, nodes = settings(env)
+    if (num_devices, num_nodes) == (devices, nodes):
+        return None
+    if env.launch == PER_NODE:
+        what = (f"this per-node launch has {env.num_nodes} node(s) and {env.nproc_per_node} "
+                f"worker(s) per node for Lightning to start ({env.provenance.get('nproc_per_node', '')})")
+    else:
+        what = (f"{env.launcher} started {env.world_size} process(es), {env.local_world_size} on "
+                f"this node, on {nodes} node(s) ({env.provenance.get('world_size', '')})")
+        if num_devices * num_nodes == 1:
+            what += ("; with devices=1 each process would train alone, believing it is rank 0 "
+                     "(duplicate jobs)")
+    return (f"Trainer(devices={num_devices}, num_nodes={num_nodes}) contradicts the launch: "
+            f"{what}. Fix: Trainer(devices={devices}, num_nodes={nodes}), i.e. "
+            "Trainer(..., **distenv.lightning.trainer_kwargs()).")
+
+
+# -- registration with the Lightning packages -------------------------------------------------------
+_registered: set = set()
+
+
+def _register() -> None:
+    """Make DistenvEnvironment a virtual subclass of each imported ClusterEnvironment base, and
+    guard each imported Trainer's single-device strategy (see _guard_single_device).
+
+    Imports a package only when neither is imported yet (then the one installed, `lightning`
+    first): a Trainer's package is imported before the Trainer is built.
+    """
+    wanted = [p for p in _PACKAGES if any(r in sys.modules for r in _ROOTS[p[0]])]
+    if not wanted:
+        import importlib.util
+
+        for pkg in _PACKAGES:
+            root = _ROOTS[pkg[0]][0]
+            if importlib.util.find_spec(root) is not None:
+                wanted = [pkg]
+                break
+        else:
+            raise ModuleNotFoundError(
+                "distenv.lightning needs Lightning: pip install lightning (or pytorch-lightning)"
+            )
+    import importlib
+
+    for env_module, strategies in wanted:
+        if env_module in _registered:
+            continue
+        base = importlib.import_module(env_module).ClusterEnvironment
+        base.register(DistenvEnvironment)
+        _registered.add(env_module)
+        try:
+            single = importlib.import_module(strategies).SingleDeviceStrategy
+        except (ImportError, AttributeError):
+            continue  # lightning_fabric without pytorch_lightning: Fabric only
+        _guard_single_device(single)
+
+
+def _guard_single_device(cls) -> None:
+    """Lightning never consults a ClusterEnvironment for a single-device Trainer: with
+    Trainer(devices=1) on a 2-process launch each process would train alone as rank 0.
+    Wrap `setup_environment` so that a Trainer given a DistenvEnvironment validates it."""
+    original = cls.setup_environment
+    if getattr(original, "_distenv_guard", False):
+        return
+
+    def setup_environment(self, *args, **kwargs):
+        module = getattr(self, "_lightning_module", None)
+        trainer = getattr(module, "_trainer", None)
+        env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if isinstance(env, DistenvEnvironment):
+            env.validate_settings(num_devices=1, num_nodes=getattr(trainer, "num_nodes", 1))
+        return original(self, *args, **kwargs)
+
+    setup_environment._distenv_guard = True
+    setup_environment.__wrapped__ = original
+    setup_environment.__doc__ = original.__doc__
+    cls.setup_environment = setup_environment
+
+
+# -- the plugin ----------------------------------------------------------------------------------
+class DistenvEnvironment:
+    """A Lightning ``ClusterEnvironment`` backed by `distenv.resolve()`.
+
+    ``DistenvEnvironment(environ=None, **overrides)``: `environ` and `overrides` go to
+    `distenv.resolve` (tests, or forcing a field). Raises `DistEnvError` at once when the
+    launch cannot be described, so a bad environment fails before any training starts.
+    """
+
+    def __init__(self, environ=None, **overrides):
+        self._environ = os.environ if environ is None else environ
+        self._env = _resolve(environ, overrides)
+        self._global_rank: "int | None" = None
+        self._world_size: "int | None" = None
+        if self._env.launch == PER_PROCESS and self._env.is_distributed and (
+                self._env.rank is None or self._env.world_size is None):
+            from .export import missing_message
+
+            raise DistEnvError(missing_message(self._env, [n for n, v in (
+                ("RANK", self._env.rank), ("WORLD_SIZE", self._env.world_size)) if v is None]))
+        _register()
+
+    # -- distenv's view --------------------------------------------------------------------------
+    @property
+    def env(self) -> DistEnv:
+        """The resolved launch this environment answers from."""
+        return self._env
+
+    def __repr__(self):
+        e = self._env
+        return (f"DistenvEnvironment(launcher={e.launcher!r}, launch={e.launch!r}, "
+                f"rank={e.rank}, world_size={e.world_size}, node_rank={e.node_rank})")
+
+    # -- ClusterEnvironment -------------------------------------------------------------------------
+    @property
+    def creates_processes_externally(self) -> bool:
+        """True when the launcher started this process as a worker; False for a per-node
+        process (or a lone one), from which Lightning starts the node's workers. A worker
+        Lightning started has LOCAL_RANK set (by Lightning)."""
+        if _spawns(self._env):
+            return "LOCAL_RANK" in self._environ
+        return True
+
+    @property
+    def main_address(self) -> str:
+        addr = self._env.master_addr
+        if addr is None:
+            from .export import missing_message
+
+            raise DistEnvError(missing_message(self._env, ["MASTER_ADDR"]))
+        return addr
+
+    @property
+    def main_port(self) -> int:
+        return int(self._env.master_port)
+
+    @staticmethod
+    def detect() -> bool:
+        """True when distenv can describe this process's launch (any launcher, or none)."""
+        try:
+            resolve()
+        except DistEnvError:
+            return False
+        return True
+
+    def world_size(self) -> int:
+        if self._world_size is not None:
+            return self._world_size
+        if self._env.world_size is not None:
+            return self._env.world_size
+        return 1
+
+    def set_world_size(self, size: int) -> None:
+        # Lightning's arithmetic (num_nodes * devices) is used only for workers it starts.
+        if _spawns(self._env):
+            self._world_size = int(size)
+
+    def global_rank(self) -> int:
+        if self._global_rank is not None:
+            return self._global_rank
+        if not _spawns(self._env):
+            return self._env.rank
+        nproc = self._env.nproc_per_node or 1
+        return (self._env.node_rank or 0) * nproc + self.local_rank()
+
+    def set_global_rank(self, rank: int) -> None:
+        if _spawns(self._env):
+            self._global_rank = int(rank)
+            try:  # as Lightning's own environment does
+                from lightning_utilities.core.rank_zero import rank_zero_only
+
+                rank_zero_only.rank = int(rank)
+            except ImportError:  # pragma: no cover - lightning always ships it
+                pass
+
+    def local_rank(self) -> int:
+        if _spawns(self._env):
+            return int(self._environ.get("LOCAL_RANK", 0))
+        return self._env.local_rank if self._env.local_rank is not None else 0
+
+    def node_rank(self) -> int:
+        e = self._env
+        if e.node_rank is not None:
+            return e.node_rank
+        # Unknown (Open MPI, MPICH across nodes): Lightning uses the node rank of externally
+        # created processes only for display; ranks come from global_rank().
+        if e.rank is not None and e.local_world_size:
+            return e.rank // e.local_world_size
+        return 0
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Raise DistEnvError naming the right values when Trainer(devices=, num_nodes=)
+        contradict the launch. For a per-node process about to start its workers, hand
+        them the node's description (WORKER_VAR)."""
+        message = mismatch_message(self._env, num_devices, num_nodes)
+        if message:
+            raise DistEnvError(message)
+        if _spawns(self._env) and "LOCAL_RANK" not in self._environ:
+            self._warn_if_bound(num_devices)
+            node = self._env.replace(nproc_per_node=num_devices, local_world_size=num_devices,
+                                     world_size=num_devices * num_nodes, rank=None,
+                                     local_rank=None).to_dict()
+            node["launch"] = PER_NODE
+            self._environ[WORKER_VAR] = json.dumps(node)
+
+    def _warn_if_bound(self, num_devices: int) -> None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return
+        if num_devices > 1 and cores < num_devices and cores < (os.cpu_count() or cores):
+            import warnings
+
+            warnings.warn(
+                f"distenv: this node process is bound to {cores} core(s) and Lightning will start "
+                f"{num_devices} workers on them (they inherit the binding). Fix: start it "
+                "unbound (mpirun --bind-to none, srun --cpu-bind=none).", stacklevel=3)
+
+    def teardown(self) -> None:
+        pass
+
+
+__all__ = ["DistenvEnvironment", "trainer_kwargs", "settings", "mismatch_message", "WORKER_VAR"]

@@ -1,0 +1,256 @@
+"""PyTorch: one call that starts `torch.distributed` right under any launcher.
+
+    import distenv.torch
+
+    env = distenv.torch.init_process_group()     # mpirun, srun, torchrun, python, ...
+    model = DDP(model.to(distenv.torch.device()))
+    if env.is_main:
+        print(loss)
+
+`init_process_group(backend=None, timeout=None, **kwargs)`:
+
+1. resolves the launch (`distenv.resolve()`) and refuses a *per-node* launch (one
+   process per node that was meant to start the workers) with the command that would;
+2. exports the torch variables (MASTER_ADDR, RANK, ...; see `DistEnv.export`) for any
+   library that reads them later;
+3. chooses the backend: NCCL when a CUDA device is usable, else gloo;
+4. binds this process's CUDA device: local rank N takes device N, unless the scheduler
+   already narrowed CUDA_VISIBLE_DEVICES per task (fewer devices than local processes),
+   in which case each process takes its first visible device;
+5. sets the CPU thread count when the user did not (OMP_NUM_THREADS unset): the cores
+   this process may run on, shared among the processes of the node unless the launcher
+   bound each process to cores of its own;
+6. joins the rendezvous with a short timeout (DISTENV_TIMEOUT seconds, default 180, never
+   longer than `timeout`): a rank that never starts makes every other rank fail with a
+   message naming what is missing, instead of waiting torch's 30 minutes.
+
+torch is imported inside the functions: `import distenv.torch` costs nothing without it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from . import resolve
+from .description import PER_NODE, DistEnv
+from .errors import DistEnvError
+
+#: Seconds the rendezvous waits for every rank (override: DISTENV_TIMEOUT).
+DEFAULT_RENDEZVOUS_TIMEOUT = 180.0
+
+_device = None  # set by init_process_group
+
+
+class RendezvousError(RuntimeError):
+    """Not every rank joined the rendezvous in time, or rank 0's address is unusable."""
+
+
+# -- decisions (pure: unit-tested on recorded environments) ------------------------------------
+def per_node_message(env: DistEnv) -> str:
+    """Why a per-node launch cannot call init_process_group, and the commands that would work."""
+    nproc = env.nproc_per_node if env.nproc_per_node is not None else "N"
+    nodes = env.num_nodes if env.num_nodes is not None else "<nodes>"
+    node = env.node_rank if env.node_rank is not None else "<node rank>"
+    addr = env.master_addr or "<rank 0 host>"
+    why = env.provenance.get("launch", "one process per node")
+    return (
+        f"this process is node {node} of {nodes} of a per-node launch ({why}; "
+        f"nproc_per_node={nproc} from {env.provenance.get('nproc_per_node', 'unknown')}): "
+        f"it is not a training worker, so it cannot join a process group. Fix: start the "
+        f"{nproc} workers from it, e.g. `torchrun --nnodes {nodes} --node-rank {node} "
+        f"--nproc-per-node {nproc} --master-addr {addr} --master-port {env.master_port} "
+        f"train.py`, or let Lightning start them (Trainer(plugins=[distenv.lightning."
+        f"DistenvEnvironment()], **distenv.lightning.trainer_kwargs())), or launch one process "
+        f"per worker (e.g. mpirun -np <workers>) and unset DISTENV_NPROC_PER_NODE."
+    )
+
+
+def choose_device(env: DistEnv, cuda_count: int, environ=None) -> "tuple[int | None, str]":
+    """(CUDA device index for this process or None for CPU, why).
+
+    `cuda_count` is what torch.cuda.device_count() sees, i.e. after CUDA_VISIBLE_DEVICES.
+    """
+    environ = os.environ if environ is None else environ
+    if cuda_count <= 0:
+        return None, "no CUDA device visible"
+    local = env.local_rank if env.local_rank is not None else 0
+    nlocal = env.local_world_size if env.local_world_size is not None else 1
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if cuda_count >= nlocal:
+        return local, f"local rank {local} of {nlocal} takes device {local} of {cuda_count}"
+    if visible is not None or cuda_count == 1:
+        # The scheduler gave each task its own devices (srun --gpus-per-task, ...).
+        return 0, (f"{cuda_count} device(s) for {nlocal} local processes: "
+                   f"CUDA_VISIBLE_DEVICES={visible!r} was narrowed per task, take its first")
+    raise DistEnvError(
+        f"{nlocal} processes on this node (local_world_size={nlocal}, "
+        f"{env.provenance.get('local_world_size', '')}) but only {cuda_count} CUDA devices "
+        "visible and CUDA_VISIBLE_DEVICES is unset. Fix: start one process per GPU "
+        f"(e.g. -np {cuda_count} per node), give each task its own GPUs (srun --gpus-per-task), "
+        "or pass backend='gloo'."
+    )
+
+
+def choose_backend(requested: "str | None", device_index: "int | None", nccl: bool) -> str:
+    if requested:
+        if "nccl" in str(requested).lower() and device_index is None:
+            raise DistEnvError(
+                f"backend={requested!r} needs a CUDA device, and none is visible here. "
+                "Fix: pass backend='gloo', or backend=None to choose automatically."
+            )
+        return requested
+    return "nccl" if device_index is not None and nccl else "gloo"
+
+
+def _affinity(pid: int = 0) -> "set[int] | None":
+    try:
+        return set(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return None
+
+
+def choose_threads(env: DistEnv, environ=None, mine=None, parent=None) -> "tuple[int | None, str]":
+    """(threads per process or None to leave alone, why).
+
+    `mine`/`parent`: CPU sets of this process and of its parent (default: measured). When
+    the launcher bound this process to fewer cores than its parent has (mpirun's default
+    binding, srun --cpu-bind), those cores are its own; otherwise the node's processes share
+    them.
+    """
+    environ = os.environ if environ is None else environ
+    given = environ.get("OMP_NUM_THREADS")
+    if given is not None and given.strip():
+        return None, f"OMP_NUM_THREADS={given} (set by the user or the launcher)"
+    mine = _affinity() if mine is None else set(mine)
+    if not mine:
+        mine = set(range(os.cpu_count() or 1))
+    parent = _affinity(os.getppid()) if parent is None else set(parent)
+    nlocal = env.local_world_size or 1
+    if parent and mine < parent:
+        return len(mine), f"{len(mine)} core(s) bound to this process by the launcher"
+    threads = max(1, len(mine) // nlocal)
+    return threads, f"{len(mine)} core(s) shared by {nlocal} local process(es)"
+
+
+def rendezvous_timeout(timeout: "datetime.timedelta | None", environ=None) -> datetime.timedelta:
+    environ = os.environ if environ is None else environ
+    raw = environ.get("DISTENV_TIMEOUT")
+    if raw is not None and raw.strip():
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            raise DistEnvError(
+                f"DISTENV_TIMEOUT={raw!r} is not a positive number of seconds. "
+                "Fix: unset it or give e.g. DISTENV_TIMEOUT=300."
+            )
+    else:
+        seconds = DEFAULT_RENDEZVOUS_TIMEOUT
+    limit = datetime.timedelta(seconds=seconds)
+    return min(limit, timeout) if timeout is not None else limit
+
+
+def _as_timedelta(timeout) -> "datetime.timedelta | None":
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    return datetime.timedelta(seconds=float(timeout))
+
+
+# -- the call ---------------------------------------------------------------------------------
+def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> DistEnv:
+    """Start the default process group for this launch and return its `DistEnv`.
+
+    `backend`: None chooses NCCL when this process has a CUDA device, else gloo.
+    `timeout` (seconds or timedelta): torch's collective timeout (default torch's own);
+    the rendezvous waits at most min(timeout, DISTENV_TIMEOUT or 180 s) for every rank.
+    Other keyword arguments go to `torch.distributed.init_process_group` (pg_options,
+    device_id, ...). Raises `DistEnvError` for a launch that cannot start a process group
+    (per-node, incomplete) and `RendezvousError` when ranks do not all join in time.
+    """
+    global _device
+    import torch
+    import torch.distributed as dist
+
+    env = resolve()
+    if env.launch == PER_NODE:
+        raise DistEnvError(per_node_message(env))
+    env.export()
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index, _ = choose_device(env, count)
+    chosen = choose_backend(backend, index, dist.is_nccl_available())
+    if index is not None:
+        torch.cuda.set_device(index)
+        _device = torch.device("cuda", index)
+    else:
+        _device = torch.device("cpu")
+
+    threads, _ = choose_threads(env)
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+    pg_timeout = _as_timedelta(timeout)
+    if pg_timeout is not None:
+        kwargs["timeout"] = pg_timeout
+    if kwargs.get("store") is None and "init_method" not in kwargs:
+        store = _rendezvous(env, rendezvous_timeout(pg_timeout))
+        if pg_timeout is None:
+            from torch.distributed.distributed_c10d import _get_default_timeout
+
+            pg_timeout = _get_default_timeout(chosen)
+        store.set_timeout(pg_timeout)  # later store waits (new_group, ...) use torch's timeout
+        kwargs["store"] = store
+    dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size, **kwargs)
+    return env
+
+
+def _rendezvous(env: DistEnv, wait: datetime.timedelta):
+    """The TCPStore every rank joins; rank 0 hosts it and waits for all the others."""
+    from torch.distributed import TCPStore
+
+    addr, port, size = env.master_addr, env.master_port, env.world_size
+    where = f"{addr}:{port} ({env.provenance.get('master_addr', '')}; " \
+            f"port: {env.provenance.get('master_port', '')})"
+    # Under torchrun the agent already hosts the store at MASTER_ADDR:MASTER_PORT: every
+    # rank is a client there (torch's env:// does the same).
+    host = env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    try:
+        store = TCPStore(addr, port, size, host, timeout=wait, wait_for_workers=True,
+                         multi_tenant=True)
+    except Exception as exc:  # torch raises DistNetworkError/DistStoreError/RuntimeError
+        text = " ".join(str(exc).split())
+        seconds = int(wait.total_seconds())
+        if env.rank == 0 and "in use" in text.lower():
+            fix = (f"port {port} on {addr} is taken (another job?). Fix: set MASTER_PORT to a "
+                   "free port on every rank")
+        elif env.rank == 0:
+            fix = (f"rank 0 waited {seconds} s at {where} for {size - 1} other rank(s), and not "
+                   f"all came. Check that the launcher started {size} processes and that each "
+                   f"reaches {addr}; set DISTENV_TIMEOUT=<seconds> to wait longer")
+        else:
+            fix = (f"rank {env.rank} could not reach rank 0's store at {where} within "
+                   f"{seconds} s. Check that rank 0 started and that {addr} is rank 0's host, "
+                   f"reachable from here (else set MASTER_ADDR); set DISTENV_TIMEOUT=<seconds> "
+                   "to wait longer")
+        raise RendezvousError(f"distenv.torch: rendezvous of {size} ranks failed: {fix}. "
+                              f"torch said: {text[:300]}") from None
+    return store
+
+
+def device():
+    """The torch.device this process trains on (after init_process_group: its bound CUDA
+    device, or the CPU); before it, the device init_process_group would choose."""
+    import torch
+
+    if _device is not None:
+        return _device
+    env = resolve()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index, _ = choose_device(env if env.launch != PER_NODE else env.replace(local_rank=0), count)
+    return torch.device("cpu") if index is None else torch.device("cuda", index)
+
+
+__all__ = ["init_process_group", "device", "RendezvousError", "DEFAULT_RENDEZVOUS_TIMEOUT"]
