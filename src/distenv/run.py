@@ -1,0 +1,300 @@
+"""`distenv run [--nproc-per-node N|auto] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...`
+
+Make an unmodified command run right under any launcher:
+
+* **per-process launch** (the launcher started every worker: ``mpirun -np 4``, ``srun -n 4``,
+  torchrun, ...): export the resolved torch variables (``MASTER_ADDR``, ``MASTER_PORT``,
+  ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...) and *exec* the command: it replaces this
+  process, so signals and the exit status pass straight through.
+* **per-node launch** (one process per node that must start the workers: ``mpirun --map-by
+  ppr:1:node`` or ``srun --ntasks-per-node=1`` with ``--nproc-per-node N``, GCP/Vertex,
+  Kubeflow, SageMaker, ...): exec torch's elastic launcher, ``python -m torch.distributed.run
+  --nnodes N --node-rank R --nproc-per-node P --master-addr A --master-port P --no-python CMD``
+  (static rendezvous), which starts and watches the local workers.
+* ``--nproc-per-node N`` with no launcher at all: a one-node per-node launch of N workers.
+
+The children get ``DISTENV_AUTO=1`` (framework adapters applied on import, see
+`distenv.auto`) and ``DISTENV_RUN=1``. `plan()` is the pure part (what would be exec'ed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from .description import PER_NODE
+from .errors import DistEnvError
+
+USAGE = """\
+usage: distenv run [--nproc-per-node N|auto] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...
+
+Export the resolved launch and run CMD: exec'ed directly when the launcher started every
+worker; started through torch.distributed.run (N workers here) in a per-node launch.
+
+options:
+  --nproc-per-node N|auto|gpu|cpu
+                 workers per node. With a launcher that started one process per node
+                 (mpirun --map-by ppr:1:node, srun --ntasks-per-node=1), or with no launcher,
+                 this makes a per-node launch; otherwise it must match the launcher's count.
+                 auto: one per visible GPU, else one per CPU core (as torchrun).
+  --local-rank-arg {none,underscore,hyphen}
+                 also pass --local_rank=<local rank> (underscore) or --local-rank=<local rank>
+                 (hyphen) to the script, for legacy scripts that parse it (default: none).
+  -h, --help     show this help
+
+CMD gets DISTENV_AUTO=1 (distenv.auto patches the frameworks it imports) and the torch
+variables MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK.
+"""
+
+LOCAL_RANK_FLAGS = {"none": None, "underscore": "--local_rank", "hyphen": "--local-rank"}
+#: torch.distributed.run reads PET_<OPTION> for options not given; these would override ours.
+PET_OVERRIDES = ("PET_STANDALONE", "PET_MODULE", "PET_RUN_PATH", "PET_RDZV_ENDPOINT",
+                 "PET_RDZV_CONF", "PET_RDZV_BACKEND", "PET_RDZV_ID", "PET_NO_PYTHON",
+                 "PET_MAX_RESTARTS", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
+                 "PET_MASTER_ADDR", "PET_MASTER_PORT")
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+
+
+class Usage(Exception):
+    """Bad command line (exit 2 with the usage)."""
+
+
+class Plan:
+    """What `distenv run` will exec: ``argv``, its environment ``environ``, the resolved
+    launch ``env``, and ``warnings`` to print first."""
+
+    __slots__ = ("argv", "environ", "env", "warnings", "mode")
+
+    def __init__(self, argv, environ, env, mode, warnings=()):
+        self.argv, self.environ, self.env, self.mode = list(argv), environ, env, mode
+        self.warnings = list(warnings)
+
+    def __repr__(self):
+        return f"Plan(mode={self.mode!r}, argv={self.argv!r})"
+
+
+def parse(argv) -> "tuple[dict, list[str]]":
+    """(options, command). Options end at the first word that is not one, or at ``--``."""
+    opts = {"nproc_per_node": None, "local_rank_arg": "none", "help": False}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            i += 1
+            break
+        if a in ("-h", "--help"):
+            opts["help"] = True
+            i += 1
+            continue
+        name, eq, value = a.partition("=")
+        key = {"--nproc-per-node": "nproc_per_node", "--nproc_per_node": "nproc_per_node",
+               "--local-rank-arg": "local_rank_arg", "--local_rank_arg": "local_rank_arg"}.get(name)
+        if key is None:
+            if a.startswith("-") and len(a) > 1:
+                raise Usage(f"unknown option {a!r} (put the command after --)")
+            break
+        if not eq:
+            if i + 1 >= len(args):
+                raise Usage(f"{name} needs a value")
+            value = args[i + 1]
+            i += 1
+        opts[key] = value
+        i += 1
+    cmd = args[i:]
+    nproc = opts["nproc_per_node"]
+    if nproc is not None:
+        text = nproc.strip().lower()
+        if text not in ("auto", "gpu", "cpu") and not (text.isascii() and text.isdigit() and int(text) >= 1):
+            raise Usage(f"--nproc-per-node {nproc!r}: expected a positive number, auto, gpu or cpu")
+        opts["nproc_per_node"] = text
+    if opts["local_rank_arg"] not in LOCAL_RANK_FLAGS:
+        raise Usage(f"--local-rank-arg {opts['local_rank_arg']!r}: expected none, underscore or hyphen")
+    return opts, cmd
+
+
+def script_index(cmd) -> int:
+    """Where a legacy ``--local-rank=N`` goes: right after the script (as torch.distributed.launch
+    does: ``python -u script.py --local-rank=N args``), after ``-m module`` / ``-c code``
+    for an interpreter, else right after the program."""
+    if not cmd:
+        return 0
+    if not _PYTHON.match(os.path.basename(cmd[0])):
+        return 1
+    i = 1
+    while i < len(cmd):
+        a = cmd[i]
+        if a in ("-m", "-c"):
+            return min(i + 2, len(cmd))
+        if a in ("-W", "-X", "--check-hash-based-pycs"):
+            i += 2
+            continue
+        if a.startswith("-m") or a.startswith("-c"):
+            return i + 1
+        if a.startswith("-") and a != "-":
+            i += 1
+            continue
+        return i + 1
+    return len(cmd)
+
+
+def with_local_rank(cmd, style: str, value: str) -> "list[str]":
+    flag = LOCAL_RANK_FLAGS[style]
+    if flag is None:
+        return list(cmd)
+    at = script_index(cmd)
+    return [*cmd[:at], f"{flag}={value}", *cmd[at:]]
+
+
+def _interpreter(cmd) -> str:
+    """The Python that runs torch.distributed.run: the command's own interpreter when the
+    command is one (it is the one with the script's packages), else this one."""
+    import shutil
+
+    if cmd and _PYTHON.match(os.path.basename(cmd[0])):
+        found = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
+        if found:
+            return found
+    return sys.executable
+
+
+def _has_torch(python: str, environ) -> bool:
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        import importlib.util
+
+        return importlib.util.find_spec("torch") is not None
+    import subprocess
+
+    probe = {k: v for k, v in environ.items() if k != "DISTENV_AUTO"}
+    try:
+        p = subprocess.run([python, "-c", "import importlib.util, sys; "
+                            "sys.exit(importlib.util.find_spec('torch') is None)"],
+                           env=probe, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _how_else(env) -> str:
+    world = f"{env.world_size}" if env.world_size else "<workers>"
+    nproc = env.nproc_per_node or "<N>"
+    if env.launcher in ("openmpi", "mpich", "intelmpi", "mvapich2", "pals"):
+        return f"have mpirun start every worker (mpirun -np {world} ..., {nproc} per node) and drop --nproc-per-node"
+    if env.launcher == "slurm":
+        return f"have srun start every worker (srun --ntasks-per-node={nproc} ...) and drop --nproc-per-node"
+    return "start one process per worker with your launcher"
+
+
+def _bound_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def plan(argv, environ=None) -> Plan:
+    """Resolve and decide what to exec, without side effects (apart from finding a free
+    port for a one-node per-node launch that has no job id to derive one from)."""
+    from .resolver import resolve
+
+    opts, cmd = parse(argv)
+    if opts["help"]:
+        raise Usage("")
+    if not cmd:
+        raise Usage("no command given")
+    child = dict(os.environ if environ is None else environ)
+    if opts["nproc_per_node"] is not None:
+        child["DISTENV_NPROC_PER_NODE"] = opts["nproc_per_node"]
+    try:
+        env = resolve(child)
+    except DistEnvError as exc:
+        if opts["nproc_per_node"] is not None:
+            raise DistEnvError(f"--nproc-per-node {opts['nproc_per_node']} (passed on as "
+                               f"DISTENV_NPROC_PER_NODE): {exc}") from None
+        raise
+    child["DISTENV_AUTO"] = "1"
+    child["DISTENV_RUN"] = "1"
+    warnings = []
+    style = opts["local_rank_arg"]
+
+    if env.launch != PER_NODE:
+        env.export(child)
+        if style != "none" and env.local_rank is None:
+            raise DistEnvError(f"--local-rank-arg {style}: the local rank is not known under "
+                               f"{env.launcher} ({env.provenance.get('local_rank', 'not revealed')}).")
+        return Plan(with_local_rank(cmd, style, str(env.local_rank)), child, env, "exec", warnings)
+
+    # Per-node: torch's elastic launcher starts the workers on this node.
+    for field in ("num_nodes", "node_rank", "nproc_per_node"):
+        if getattr(env, field) is None:
+            raise DistEnvError(
+                f"a per-node launch needs {field}, which {env.launcher} does not reveal here "
+                f"({env.provenance.get(field, 'unknown')}). Fix: run `distenv show --explain`, "
+                "and set the missing value (e.g. NODE_RANK / MASTER_ADDR) in the job script.")
+    if env.num_nodes == 1 and env.provenance.get("master_port", "").startswith("torch's default") \
+            and "MASTER_PORT" not in child:
+        # One node and no job id: 29500 would collide with any other such run here.
+        env = env.replace(master_port=_free_port())
+    env.export(child)
+    python = _interpreter(cmd)
+    if not _has_torch(python, child):
+        raise DistEnvError(
+            f"this is a per-node launch ({env.launcher}, node {env.node_rank} of {env.num_nodes}): "
+            f"its {env.nproc_per_node} worker(s) are started by torch's elastic launcher "
+            f"(python -m torch.distributed.run), but {python} cannot import torch. Fix: install "
+            f"torch there (pip install torch==2.13.0), or {_how_else(env)}.")
+    for name in PET_OVERRIDES:
+        child.pop(name, None)
+    cores = _bound_cores()
+    if cores is not None and cores < env.nproc_per_node and cores < (os.cpu_count() or cores):
+        warnings.append(
+            f"this process is bound to {cores} CPU core(s) and its {env.nproc_per_node} workers "
+            "inherit that binding: they will share it. Fix: let the launcher bind nothing "
+            "(mpirun --bind-to none, or --map-by ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
+    run_id = env.job_id or f"distenv-{env.master_port}"
+    argv_ = [python, "-m", "torch.distributed.run",
+             "--nnodes", str(env.num_nodes), "--node-rank", str(env.node_rank),
+             "--nproc-per-node", str(env.nproc_per_node),
+             "--master-addr", str(env.master_addr), "--master-port", str(env.master_port),
+             "--rdzv-backend", "static", "--rdzv-endpoint", f"{env.master_addr}:{env.master_port}",
+             "--rdzv-id", str(run_id), "--no-python",
+             *with_local_rank(cmd, style, "${local_rank}")]
+    return Plan(argv_, child, env, "torchrun", warnings)
+
+
+def main(argv=None) -> int:
+    """Entry point of `distenv run`: returns only on error (the command replaces us)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        p = plan(argv)
+    except Usage as exc:
+        if str(exc):
+            sys.stderr.write(USAGE.split("\n\n")[0] + f"\ndistenv run: error: {exc}\n")
+            return 2
+        sys.stdout.write(USAGE)
+        return 0
+    for warning in p.warnings:
+        sys.stderr.write(f"distenv run: warning: {warning}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(p.argv[0], p.argv, p.environ)
+    except FileNotFoundError:
+        sys.stderr.write(f"distenv run: error: command not found: {p.argv[0]}\n")
+        return 127
+    except PermissionError:
+        sys.stderr.write(f"distenv run: error: permission denied: {p.argv[0]}\n")
+        return 126
+    except OSError as exc:
+        sys.stderr.write(f"distenv run: error: cannot run {p.argv[0]}: {exc.strerror}\n")
+        return 126
+    return 0  # pragma: no cover - execvpe does not return
