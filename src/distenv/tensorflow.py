@@ -24,7 +24,7 @@ TF_CONFIG: without it every process trains its own copy and believes it is the c
 3. refuses Keras 3 with MultiWorkerMirroredStrategy (its model.fit fails there,
    keras-team/keras#20585) with the fix, unless ``allow_keras3=True`` (custom loops);
 4. runs a pre-flight rendezvous: every worker listens on its port and waits until it
-   reaches every other worker's port, so a missing worker is a clear error after
+   and every other worker have reached each other, so a missing worker is a clear error after
    DISTENV_TIMEOUT seconds (default 180) instead of an endless wait;
 5. returns the strategy: the default one (or MirroredStrategy with several local GPUs)
    for a single worker, MultiWorkerMirroredStrategy built from a cluster resolver (no
@@ -544,11 +544,13 @@ def _split(address: str) -> "tuple[str, int]":
 
 
 def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None) -> float:
-    """Listen on ``workers[index]``'s port and wait until every other worker's port answers.
+    """Listen on ``workers[index]``'s port until every worker has reached every other one.
 
-    Returns the seconds it took. Raises `DistEnvError` naming the missing workers when
-    `timeout` (default DISTENV_TIMEOUT, else 180 s) passes first. The listener is closed
-    before returning, so TensorFlow can bind the port at once.
+    Each worker connects to every other worker's port and says hello (its index and a digest
+    of the cluster, so another job's worker does not count); it stops listening only when it
+    reached every peer *and* every peer reached it, so no peer can find the port closed in
+    the gap before TensorFlow binds it. Returns the seconds it took. Raises `DistEnvError`
+    naming the missing workers when `timeout` (default DISTENV_TIMEOUT, else 180 s) passes.
     """
     if timeout is None:
         raw = _environ(environ).get("DISTENV_TIMEOUT")
@@ -556,6 +558,8 @@ def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None
     t0 = time.monotonic()
     deadline = t0 + timeout
     _, port = _split(workers[index])
+    key = ports.fnv1a(",".join(workers))
+    hello = f"distenv-tf {index} {key}\n".encode()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -568,45 +572,64 @@ def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None
         ) from None
     listener.listen(128)
     listener.setblocking(False)
-    pending = {i: w for i, w in enumerate(workers) if i != index}
+    peers = {i: w for i, w in enumerate(workers) if i != index}
+    unreached = dict(peers)
+    heard: set = set()
     try:
-        while pending:
-            _drain(listener)
-            for i, address in list(pending.items()):
-                if _reachable(address):
-                    del pending[i]
-            if not pending:
+        while True:
+            _drain(listener, heard, key)
+            for i, address in list(unreached.items()):
+                if _say_hello(address, hello):
+                    del unreached[i]
+            _drain(listener, heard, key)
+            silent = [i for i in peers if i not in heard]
+            if not unreached and not silent:
                 break
             if time.monotonic() >= deadline:
-                missing = ", ".join(f"worker {i} ({a})" for i, a in sorted(pending.items()))
+                gone = sorted(set(unreached) | set(silent))
+                missing = ", ".join(f"worker {i} ({peers[i]})" for i in gone)
                 raise DistEnvError(
-                    f"TensorFlow pre-flight: after {timeout:.0f} s, worker {index} still cannot "
-                    f"reach {missing} of {len(workers)}: that worker did not start, crashed, or "
-                    "is blocked by a firewall. Fix: start every worker (same launcher, same "
+                    f"TensorFlow pre-flight: after {timeout:.0f} s, worker {index} of "
+                    f"{len(workers)} has not met {missing}: that worker did not start, crashed, "
+                    "or is blocked by a firewall. Fix: start every worker (same launcher, same "
                     "job), or raise DISTENV_TIMEOUT."
                 )
             time.sleep(0.2)
-        _drain(listener)
     finally:
         listener.close()
     return time.monotonic() - t0
 
 
-def _drain(listener) -> None:
+def _drain(listener, heard: set, key: int) -> None:
+    """Accept pending connections and record which workers said hello."""
     while True:
         try:
             conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
+        except OSError:  # BlockingIOError: nothing pending
             return
+        try:
+            conn.settimeout(2.0)
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 256:
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+            words = data.decode("ascii", "replace").split()
+            if len(words) == 3 and words[0] == "distenv-tf" and words[2] == str(key) \
+                    and words[1].isdigit():
+                heard.add(int(words[1]))
         except OSError:
-            return
-        conn.close()
+            pass
+        finally:
+            conn.close()
 
 
-def _reachable(address: str) -> bool:
+def _say_hello(address: str, hello: bytes) -> bool:
     host, port = _split(address)
     try:
-        with socket.create_connection((host, port), timeout=1.0):
+        with socket.create_connection((host, port), timeout=1.0) as conn:
+            conn.sendall(hello)
             return True
     except OSError:
         return False
