@@ -1,0 +1,265 @@
+"""Horovod that cannot silently split: `init()` under any launcher, then a hard check.
+
+    import distenv.horovod
+    hvd = distenv.horovod.init()            # horovod.torch (framework="tensorflow" for TF)
+    model = ...; opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+
+Under torchrun, or srun without an MPI plugin, `hvd.init()` quietly gives size 1 on every
+rank: each process trains alone and all exit 0. `init()`:
+
+1. resolves the launch (`distenv.resolve()`);
+2. chooses the controller: horovodrun's own settings under horovodrun; MPI under Open MPI's
+   mpirun; otherwise a *self-rendezvous*: rank 0 starts Horovod's own Gloo rendezvous server
+   (the one horovodrun runs) on a port derived from the job, and every rank gets the
+   HOROVOD_* variables horovodrun would have set (rank, sizes, cross ranks, rendezvous
+   address, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). Override with
+   ``controller=`` or DISTENV_HOROVOD_CONTROLLER=mpi|gloo;
+3. pins the device by local rank (torch: `torch.cuda.set_device`; TensorFlow: one visible
+   GPU with memory growth), and sizes torch's CPU threads from this process's share;
+4. calls `hvd.init()` and checks `hvd.size()` and `hvd.rank()` against the launch: a
+   mismatch is a `DistEnvError`, never a silent size 1.
+
+A rank whose rendezvous server never appears fails after DISTENV_TIMEOUT seconds (default
+180) naming the address it waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+from . import ports
+from .description import PER_NODE, DistEnv
+from .errors import DistEnvError
+
+DEFAULT_TIMEOUT = 180.0
+#: Launchers whose ranks Horovod's MPI controller joins (Horovod is usually built with Open MPI).
+MPI_LAUNCHERS = ("openmpi",)
+_server = {}
+
+
+def _inputs(env, environ):
+    if env is not None and not isinstance(env, DistEnv):
+        environ, env = env, None
+    src = os.environ if environ is None else environ
+    if env is None:
+        from .resolver import resolve
+
+        env = resolve(src)
+    return env, src
+
+
+def _timeout(timeout, src) -> float:
+    if timeout is not None:
+        return float(timeout)
+    raw = src.get("DISTENV_TIMEOUT")
+    return float(raw) if raw else DEFAULT_TIMEOUT
+
+
+def rendezvous_port(d: DistEnv, src=None) -> int:
+    """The self-rendezvous server's port: DISTENV_HOROVOD_PORT, else derived from the job."""
+    src = os.environ if src is None else src
+    if src.get("DISTENV_HOROVOD_PORT"):
+        from .reading import parse_int
+
+        return parse_int(src["DISTENV_HOROVOD_PORT"], "DISTENV_HOROVOD_PORT", minimum=1)
+    port = ports.port_for(f"horovod:{d.launcher}:{d.job_id}:{d.master_addr}:{d.master_port}")
+    return port + 1 if port == d.master_port else port
+
+
+def plan(env=None, *, environ=None, controller: "str | None" = None) -> dict:
+    """What `init()` will do, without Horovod: ``{"controller": "horovodrun"|"mpi"|"gloo"|
+    "single", "environ": {HOROVOD_*: value}, "server": bool, "address": (host, port) | None}``.
+    """
+    d, src = _inputs(env, environ)
+    if d.launch == PER_NODE:
+        raise DistEnvError(
+            f"{d.launcher} started one process per node ({d.provenance.get('launch', 'per-node')}) "
+            f"that should start {d.nproc_per_node} worker(s): Horovod needs one process per "
+            "worker. Fix: launch the workers (e.g. torchrun --nproc-per-node N, or mpirun/srun "
+            "with one task per GPU)."
+        )
+    wanted = (controller or src.get("DISTENV_HOROVOD_CONTROLLER") or "auto").strip().lower()
+    if wanted not in ("auto", "mpi", "gloo"):
+        raise DistEnvError(f"DISTENV_HOROVOD_CONTROLLER={wanted!r}: use mpi, gloo or auto.")
+    base = {"env": d, "environ": {}, "server": False, "address": None}
+    if d.launcher == "horovodrun":
+        return {**base, "controller": "horovodrun"}
+    if d.world_size == 1:
+        return {**base, "controller": "single"}
+    if wanted == "mpi" or (wanted == "auto" and d.launcher in MPI_LAUNCHERS):
+        return {**base, "controller": "mpi", "environ": {"HOROVOD_CONTROLLER": "mpi"}}
+
+    missing = [f for f in ("rank", "world_size", "local_rank", "local_world_size")
+               if getattr(d, f) is None]
+    node, nodes = d.node_rank, d.num_nodes
+    if nodes is None or node is None:
+        missing.append("node_rank" if node is None else "num_nodes")
+    if d.master_addr is None:
+        missing.append("master_addr")
+    if missing:
+        raise DistEnvError(
+            f"Horovod's Gloo self-rendezvous needs {', '.join(missing)}, which {d.launcher} does "
+            "not reveal here. Fix: export MASTER_ADDR (rank 0's host) and NODE_RANK to every rank, "
+            "or run under mpirun (DISTENV_HOROVOD_CONTROLLER=mpi) or horovodrun."
+        )
+    if nodes > 1 and (d.nproc_per_node is None or d.nproc_per_node * nodes != d.world_size):
+        raise DistEnvError(
+            f"Horovod's Gloo self-rendezvous needs the same number of workers on every node, but "
+            f"{d.launcher} runs {d.world_size} on {nodes} nodes unevenly. Fix: start as many "
+            "workers on each node, or use mpirun or horovodrun."
+        )
+    port = rendezvous_port(d, src)
+    host = d.hosts[node] if d.hosts and len(d.hosts) == nodes else f"distenv-node{node}"
+    values = {
+        "HOROVOD_RANK": d.rank, "HOROVOD_SIZE": d.world_size,
+        "HOROVOD_LOCAL_RANK": d.local_rank, "HOROVOD_LOCAL_SIZE": d.local_world_size,
+        # Horovod's cross communicator joins the ranks with the same local rank, one per node.
+        "HOROVOD_CROSS_RANK": node, "HOROVOD_CROSS_SIZE": nodes,
+        "HOROVOD_HOSTNAME": host,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": d.master_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+    }
+    return {**base, "controller": "gloo", "environ": {k: str(v) for k, v in values.items()},
+            "server": d.rank == 0, "address": (d.master_addr, port)}
+
+
+def _start_server(port: int, d: DistEnv):
+    """Rank 0: Horovod's own Gloo rendezvous HTTP server, in a daemon thread."""
+    import threading
+
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    try:
+        httpd = RendezvousHTTPServer(("0.0.0.0", port), RendezvousHandler, False)
+    except OSError as exc:
+        raise DistEnvError(
+            f"rank 0 cannot start Horovod's rendezvous server on port {port} ({exc.strerror}). "
+            "Fix: set DISTENV_HOROVOD_PORT to a free port on every rank."
+        ) from None
+
+    class Slot:  # what RendezvousHTTPServer.init reads from horovod's SlotInfo
+        def __init__(self, local_rank):
+            self.size, self.local_size, self.cross_size = d.world_size, d.local_world_size, d.num_nodes
+            self.local_rank = local_rank
+            self.hostname = ""
+
+    httpd.init([Slot(i) for i in range(d.local_world_size or 1)])
+    httpd.scope_size.pop("local_", None)  # host names differ per node; local scopes stay ad hoc
+    thread = threading.Thread(target=httpd.serve_forever, name="distenv-horovod-rendezvous",
+                              daemon=True)
+    thread.start()
+    _server.update(httpd=httpd, thread=thread)
+    return httpd
+
+
+def _wait_for(host: str, port: int, timeout: float, d: DistEnv) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise DistEnvError(
+                    f"rank {d.rank}: Horovod's rendezvous server on rank 0 ({host}:{port}) did not "
+                    f"answer within {timeout:.0f} s: rank 0 did not start, crashed, or is "
+                    "unreachable. Fix: start every rank (same launcher, same job), check "
+                    "MASTER_ADDR, or raise DISTENV_TIMEOUT."
+                ) from None
+            time.sleep(0.2)
+
+
+def _share_of_cores(d: DistEnv) -> int:
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = os.cpu_count() or 1
+    total = os.cpu_count() or mine
+    if mine >= total and (d.local_world_size or 1) > 1:
+        return max(1, mine // d.local_world_size)
+    return mine
+
+
+def _framework(framework):
+    if framework is None:
+        if "horovod.tensorflow" in sys.modules and "horovod.torch" not in sys.modules:
+            framework = "tensorflow"
+        else:
+            framework = "torch"
+    framework = framework.lower()
+    if framework in ("torch", "pytorch"):
+        import horovod.torch as hvd
+    elif framework in ("tensorflow", "tf"):
+        import horovod.tensorflow as hvd
+    elif framework == "keras":
+        import horovod.tensorflow.keras as hvd
+    else:
+        raise ValueError(f"framework={framework!r}: use 'torch', 'tensorflow' or 'keras'")
+    return framework, hvd
+
+
+def _pin_tensorflow(local_rank: int) -> None:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        mine = gpus[local_rank % len(gpus)]
+        tf.config.experimental.set_memory_growth(mine, True)
+        tf.config.set_visible_devices(mine, "GPU")
+
+
+def init(framework: "str | None" = None, *, env=None, controller: "str | None" = None,
+         timeout: "float | None" = None, threads: bool = True):
+    """Initialise Horovod for this launch and return the Horovod module (``hvd``).
+
+    `framework`: "torch" (default), "tensorflow" or "keras" (which horovod module). See the
+    module docstring for what happens; raises `DistEnvError` if Horovod's size or rank
+    disagrees with the launch.
+    """
+    p = plan(env, controller=controller)
+    d = p["env"]
+    wait = _timeout(timeout, os.environ)
+    for name, value in p["environ"].items():
+        os.environ[name] = value
+    if p["controller"] == "gloo":
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(max(wait, 30))))
+    framework, hvd = _framework(framework)
+    if p["controller"] == "gloo":
+        host, port = p["address"]
+        if p["server"]:
+            _start_server(port, d)
+        _wait_for(host, port, wait, d)
+    if framework in ("tensorflow", "keras") and d.local_rank is not None:
+        _pin_tensorflow(d.local_rank)
+    hvd.init()
+    check(hvd, d, p["controller"])
+    if framework == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        if threads and not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(_share_of_cores(d))
+    return hvd
+
+
+def check(hvd, d: DistEnv, controller: str = "?") -> None:
+    """Raise `DistEnvError` unless Horovod's size and rank are the launch's."""
+    size, rank = hvd.size(), hvd.rank()
+    if d.world_size is not None and size != d.world_size or d.rank is not None and rank != d.rank:
+        built = []
+        for name in ("mpi", "gloo"):
+            probe = getattr(hvd, f"{name}_built", None)
+            if probe is not None:
+                built.append(f"{name.upper()} {'built' if probe() else 'NOT built'}")
+        raise DistEnvError(
+            f"Horovod says rank {rank} of size {size} but {d.launcher} started rank {d.rank} of "
+            f"world_size {d.world_size} ({d.provenance.get('world_size')}); controller {controller}, "
+            f"{', '.join(built) or 'build unknown'}. Horovod did not join the job (every rank would "
+            "train alone). Fix: DISTENV_HOROVOD_CONTROLLER=gloo (self-rendezvous), or a Horovod "
+            "built with HOROVOD_WITH_MPI=1 against this launcher's MPI (horovodrun --check-build "
+            "can claim what was not built)."
+        )
