@@ -7,10 +7,12 @@ Fixtures (session scope, brought up once, with the project's own scripts):
     cluster  the two network-namespace nodes of integrations/cluster/up.sh
     slurm2   the two-node SLURM of integrations/cluster/slurm-up.sh   -> its SLURM_CONF
 
-Each is idempotent (the scripts are), and is torn down at the end of the session only
-if this session started it: a cluster that was already up (a developer's, or another
-session's) is left as it was. Teardown uses the scripts' stop/down commands, which stop
-daemons by pid file and kill whatever still runs inside the namespaces.
+Each is idempotent (the scripts are). Teardown: the last pytest process using it (pytest
+-n workers, or two sessions at once, count through a pid list under a file lock in
+$DISTENV_RUN_DIR/itest-<name>.users) stops it with the scripts' stop/down commands --
+and only if it was not already up when the first of them started: a cluster that was up
+before (a developer's, another tool's) is left as it was. The scripts stop daemons by pid
+file, and down.sh kills whatever still runs inside the namespaces.
 
 Each fixture skips with the reason when it cannot work here (not root, no network
 namespaces, SLURM not installed, ...); `layout_records`/`need` skip when a launcher is not
@@ -20,6 +22,9 @@ and by skip marks, in the setup phase, and reports them as FAILED, not ERROR).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -75,6 +80,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _under_here(item):
             item.add_marker(pytest.mark.launcher)
+            # pytest -n N --dist loadgroup keeps these on one worker: MPICH reveals no job
+            # id, so two MPICH rendezvous at once would meet on the same default port.
+            item.add_marker(pytest.mark.xdist_group("launchers"))
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -100,6 +108,53 @@ def _pid_alive(pidfile: Path) -> bool:
 
 def _fail_script(what, p):
     pytest.fail(f"{what} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+
+
+@contextlib.contextmanager
+def _users(name: str):
+    """The shared record of who uses `name` (pids) and whether this round started it."""
+    harness.run_dir().mkdir(parents=True, exist_ok=True)
+    path = harness.run_dir() / f"itest-{name}.users"
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        try:
+            state = json.loads(f.read() or "{}")
+        except ValueError:
+            state = {}
+        state.setdefault("pids", [])
+        state.setdefault("started", False)
+        state["pids"] = [p for p in state["pids"] if _alive(p)]
+        yield state
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(state))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _shared(name: str, is_up, start, stop):
+    """Start `name` (idempotent `start()`), yield its value, stop it when the last user
+    leaves -- if it was down when the first user came."""
+    with _users(name) as state:
+        if not state["pids"]:
+            state["started"] = not is_up()
+        value = start()
+        state["pids"].append(os.getpid())
+    try:
+        yield value
+    finally:
+        with _users(name) as state:
+            state["pids"] = [p for p in state["pids"] if p != os.getpid()]
+            if not state["pids"] and state["started"]:
+                stop()
+                state["started"] = False
 
 
 def _slurm_tools():
@@ -150,14 +205,16 @@ def slurm1(root):
     """One-node SLURM (integrations/slurm/start.sh); yields its SLURM_CONF."""
     _slurm_tools()
     run = harness.run_dir() / "slurm1"
-    was_up = all(_pid_alive(run / f) for f in ("slurmctld.pid", "slurmd.pid"))
-    p = _run([SLURM_DIR / "start.sh"])
-    if p.returncode != 0:
-        _fail_script("integrations/slurm/start.sh", p)
-    conf = _export_line(p.stdout, "integrations/slurm/start.sh")
-    yield conf
-    if not was_up:
-        _run([SLURM_DIR / "stop.sh"])
+
+    def start():
+        p = _run([SLURM_DIR / "start.sh"])
+        if p.returncode != 0:
+            _fail_script("integrations/slurm/start.sh", p)
+        return _export_line(p.stdout, "integrations/slurm/start.sh")
+
+    yield from _shared(
+        "slurm1", lambda: all(_pid_alive(run / f) for f in ("slurmctld.pid", "slurmd.pid")),
+        start, lambda: _run([SLURM_DIR / "stop.sh"]))
 
 
 def _cluster_is_up() -> bool:
@@ -175,13 +232,14 @@ def cluster(root):
     if p.returncode != 0:
         pytest.skip(f"no network namespaces here (`unshare --net --uts true` failed: "
                     f"{p.stderr.strip()[-200:]})")
-    was_up = _cluster_is_up()
-    p = _run([CLUSTER_DIR / "up.sh"])
-    if p.returncode != 0:
-        _fail_script("integrations/cluster/up.sh", p)
-    yield harness.NODES
-    if not was_up:
-        _run([CLUSTER_DIR / "down.sh"])
+
+    def start():
+        p = _run([CLUSTER_DIR / "up.sh"])
+        if p.returncode != 0:
+            _fail_script("integrations/cluster/up.sh", p)
+        return harness.NODES
+
+    yield from _shared("cluster", _cluster_is_up, start, lambda: _run([CLUSTER_DIR / "down.sh"]))
 
 
 @pytest.fixture(scope="session")
@@ -189,15 +247,18 @@ def slurm2(cluster):
     """Two-node SLURM on the cluster (integrations/cluster/slurm-up.sh); yields SLURM_CONF."""
     _slurm_tools()
     run = harness.run_dir() / "cluster" / "slurm"
-    was_up = all(_pid_alive(run / f) for f in
-                 ("slurmctld.pid", "slurmd-node1.pid", "slurmd-node2.pid"))
-    p = _run([CLUSTER_DIR / "slurm-up.sh"])
-    if p.returncode != 0:
-        _fail_script("integrations/cluster/slurm-up.sh", p)
-    conf = _export_line(p.stdout, "integrations/cluster/slurm-up.sh")
-    yield conf
-    if not was_up:
-        _run([CLUSTER_DIR / "slurm-down.sh"])
+
+    def start():
+        p = _run([CLUSTER_DIR / "slurm-up.sh"])
+        if p.returncode != 0:
+            _fail_script("integrations/cluster/slurm-up.sh", p)
+        return _export_line(p.stdout, "integrations/cluster/slurm-up.sh")
+
+    def is_up():
+        return all(_pid_alive(run / f) for f in
+                   ("slurmctld.pid", "slurmd-node1.pid", "slurmd-node2.pid"))
+
+    yield from _shared("slurm2", is_up, start, lambda: _run([CLUSTER_DIR / "slurm-down.sh"]))
 
 
 @pytest.fixture(scope="session", autouse=True)

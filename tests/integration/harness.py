@@ -184,7 +184,15 @@ _layouts = [
            note="-pmi-port: no PMI_SIZE, so no world size"),
     Layout("mpich5", "np4", "local", 4, "hydra", "mpich", one_node("mpich5", 4), ONE),
     Layout("intelmpi", "np4", "local", 4, "hydra", "intelmpi", one_node("intelmpi", 4), ONE),
+    # two ranks: no oversubscription (Open MPI binds), and half the torch imports for the
+    # one-node rendezvous tests
+    *(Layout(name, "np2", "local", 2, truth, expect, one_node(name, 2), ONE)
+      for name, truth, expect in (("openmpi4", "openmpi", "openmpi"),
+                                  ("openmpi5", "openmpi", "openmpi"),
+                                  ("mpich4", "hydra", "mpich"), ("mpich5", "hydra", "mpich"),
+                                  ("intelmpi", "hydra", "intelmpi"))),
     Layout("slurm", "srun-n4", "slurm1", 4, "slurm", "slurm", plain("srun", "-n4"), ONE),
+    Layout("slurm", "srun-n2", "slurm1", 2, "slurm", "slurm", plain("srun", "-n2"), ONE),
     Layout("slurm", "srun-n4-cyclic", "slurm1", 4, "slurm", "slurm",
            plain("srun", "-n4", "-m", "cyclic"), ONE),
     Layout("torchrun", "nproc2", "local", 2, "torchrun", "torchrun",
