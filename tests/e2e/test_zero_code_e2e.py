@@ -1,0 +1,184 @@
+"""Zero code: plain Lightning and Transformers scripts (the examples with their distenv lines
+removed, tests/e2e/scripts/plain_*.py) train right under mpirun through `distenv run` and
+through DISTENV_AUTO=1, and under a per-node launch (one MPI process per node, two workers
+each through `distenv run --nproc-per-node 2`), matching their torchrun results: the same
+world size, every rank with identical weights, the same weights as torchrun's.
+
+Rank processes run with the framework's interpreter: $DISTENV_PY_LIGHTNING /
+$DISTENV_PY_TRANSFORMERS5 if set, else .venvs/<name>/bin/python (integrations/frameworks/*.sh).
+It must have distenv installed with its distenv_auto.pth (`pip install -e .`). Every run is
+under `timeout -k 5`. A missing interpreter or launcher skips (fails under
+DISTENV_REQUIRE_LAUNCHERS=1).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT))
+
+import harness  # noqa: E402  (launcher table, clean environment, cluster helpers)
+
+pytestmark = [pytest.mark.launcher]
+TIMEOUT = int(os.environ.get("DISTENV_E2E_TIMEOUT", "600"))
+MPIRUN = [harness.OMPI4, "--allow-run-as-root", "--oversubscribe"]
+
+FRAMEWORKS = {
+    # name: (venv, script, arguments every run gets, extra arguments of the torchrun reference)
+    "lightning": ("lightning", "plain_lightning.py", ["--devices", "{local}", "--num-nodes", "{nodes}"], []),
+    # Plain torchrun needs --use_cpu on a machine without accelerators (without it every
+    # rank trains alone, issue 5); under distenv nothing is added.
+    "transformers": ("transformers5", "plain_transformers.py", ["--report"], ["--use_cpu"]),
+}
+TIMES: dict = {}
+
+
+def require(reason):
+    if os.environ.get("DISTENV_REQUIRE_LAUNCHERS") == "1":
+        pytest.fail(f"required but unavailable: {reason}")
+    pytest.skip(reason)
+
+
+def interpreter(framework) -> str:
+    venv = FRAMEWORKS[framework][0]
+    py = os.environ.get(f"DISTENV_PY_{venv.upper()}") or str(ROOT / ".venvs" / venv / "bin" / "python")
+    if not os.access(py, os.X_OK):
+        require(f"no {venv} interpreter ({py}): bash integrations/frameworks/{venv}.sh")
+    probe = subprocess.run([py, "-c", "import site, os, sys, distenv; sys.exit(not any(os.path.exists("
+                                      "os.path.join(d, 'distenv_auto.pth')) for d in site.getsitepackages()))"],
+                           capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        require(f"{py} lacks distenv or its distenv_auto.pth: {py} -m pip install --no-deps -e {ROOT}")
+    return py
+
+
+def command(framework, py, local, nodes, reference=False):
+    _, script, args, ref_args = FRAMEWORKS[framework]
+    args = [a.format(local=local, nodes=nodes) for a in args]
+    return [py, str(SCRIPTS / script), *args, *(ref_args if reference else [])]
+
+
+def run(argv, env_extra=None, timeout=TIMEOUT, label=""):
+    env = harness.clean_env({"PYTHONUNBUFFERED": "1", **(env_extra or {})})
+    t0 = time.monotonic()
+    p = subprocess.run(["timeout", "-k", "5", str(timeout), *argv], env=env, capture_output=True, text=True,
+                       timeout=timeout + 30, stdin=subprocess.DEVNULL, cwd="/tmp")
+    TIMES[label] = round(time.monotonic() - t0, 1)
+    assert p.returncode == 0, f"{label}: exit {p.returncode}\n{' '.join(argv)}\n" \
+                              f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}"
+    return p
+
+
+def parse(framework, p) -> dict:
+    """{"world_size", "checksums" (one per rank), "ranks", "loss", "distenv_modules"}."""
+    if framework == "lightning":
+        lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith('{"example": "plain_lightning"')]
+        assert len(lines) == 1, p.stdout[-3000:] + p.stderr[-3000:]
+        r = lines[0]
+        return {"world_size": r["world_size"], "checksums": r["checksums"], "ranks": r["ranks"],
+                "node_ranks": r["node_ranks"], "hosts": r["hosts"], "loss": r["final_loss"],
+                "distenv_modules": r["distenv_modules"], "environment": r["environment"]}
+    recs = [json.loads(x[len(harness.MARK):]) for x in p.stdout.splitlines() if x.startswith(harness.MARK)]
+    recs = sorted(recs, key=lambda r: r["process_index"])
+    assert recs and all(r["parallel_mode"] == "distributed" and r["wrapped"] == "DistributedDataParallel"
+                        for r in recs), recs
+    assert len({r["world_size"] for r in recs}) == 1 and {r["torch_dist"] for r in recs} == {recs[0]["world_size"]}
+    return {"world_size": recs[0]["world_size"], "checksums": [r["checksum"] for r in recs],
+            "param_sums": [r["param_sum"] for r in recs], "ranks": [r["process_index"] for r in recs],
+            "loss": recs[0]["final_loss"], "distenv_modules": recs[0]["distenv_modules"],
+            "local_ranks": [r["local_process_index"] for r in recs]}
+
+
+_REFERENCE: dict = {}
+
+
+def reference(framework, py, workers) -> dict:
+    """The plain script under torchrun on this node (no distenv anywhere)."""
+    key = (framework, workers)
+    if key not in _REFERENCE:
+        argv = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
+                *command(framework, py, workers, 1, reference=True)[1:]]
+        res = parse(framework, run(argv, label=f"{framework} torchrun x{workers} (reference)"))
+        assert res["distenv_modules"] == [], "the reference imported distenv"
+        assert res["world_size"] == workers and sorted(res["ranks"]) == list(range(workers))
+        assert len(set(res["checksums"])) == 1, res
+        _REFERENCE[key] = res
+    return _REFERENCE[key]
+
+
+def check_matches(framework, res, ref, workers, how):
+    assert res["world_size"] == workers, (how, res)
+    assert sorted(res["ranks"]) == list(range(workers)), (how, res)
+    assert len(set(res["checksums"])) == 1, f"{how}: ranks ended with different weights {res['checksums']}"
+    if framework == "lightning":
+        assert math.isclose(res["checksums"][0], ref["checksums"][0], rel_tol=1e-9, abs_tol=1e-9), (how, res, ref)
+        assert math.isclose(res["loss"], ref["loss"], rel_tol=1e-6), (how, res, ref)
+    else:
+        assert res["checksums"][0] == ref["checksums"][0], (how, res, ref)
+        assert res["loss"] == ref["loss"], (how, res, ref)
+    # distenv was in the rank processes (auto active), though the script never imports it.
+    assert "distenv.auto" in res["distenv_modules"], (how, res["distenv_modules"])
+
+
+def need_openmpi():
+    if not os.access(harness.OMPI4, os.X_OK):
+        require(f"Open MPI 4 is not installed ({harness.OMPI4}): integrations/openmpi/install.sh")
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+@pytest.mark.parametrize("how", ["distenv-run", "DISTENV_AUTO"])
+def test_mpirun_two_ranks(framework, how):
+    need_openmpi()
+    py = interpreter(framework)
+    ref = reference(framework, py, 2)
+    script = command(framework, py, 2, 1)
+    if how == "distenv-run":
+        argv = [*MPIRUN, "-np", "2", py, "-m", "distenv", "run", "--", *script]
+        env = {}
+    else:
+        argv = [*MPIRUN, "-np", "2", "-x", "DISTENV_AUTO", *script]
+        env = {"DISTENV_AUTO": "1"}
+    res = parse(framework, run(argv, env, label=f"{framework} mpirun -np 2 {how}"))
+    check_matches(framework, res, ref, 2, how)
+    print(f"\n{framework} {how}: {TIMES}")
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_per_node_one_node(framework):
+    """mpirun -np 1 (one process for the node) + distenv run --nproc-per-node 2."""
+    need_openmpi()
+    py = interpreter(framework)
+    ref = reference(framework, py, 2)
+    argv = [*MPIRUN, "-np", "1", "--bind-to", "none", py, "-m", "distenv", "run", "--nproc-per-node", "2",
+            "--", *command(framework, py, 2, 1)]
+    res = parse(framework, run(argv, label=f"{framework} mpirun -np 1 + distenv run --nproc-per-node 2"))
+    check_matches(framework, res, ref, 2, "per-node")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_per_node_two_nodes(framework):
+    """The two namespace nodes: mpirun --map-by ppr:1:node, 2 workers on each node (4 in all),
+    against torchrun with 4 workers on one node."""
+    need_openmpi()
+    if not (os.path.exists("/run/netns/node1") and os.path.exists("/run/netns/node2")):
+        require("the two-node cluster is not up (integrations/cluster/up.sh)")
+    py = interpreter(framework)
+    ref = reference(framework, py, 4)
+    argv = [harness.ON_NODE, "node1", harness.OMPI4, "--allow-run-as-root", "-np", "2", "--map-by", "ppr:1:node",
+            "-H", "node1,node2", "--bind-to", "none", "--mca", "plm_rsh_agent", harness.FAKESSH,
+            "--mca", "oob_tcp_if_include", harness.NET, "--mca", "btl_tcp_if_include", harness.NET,
+            py, "-m", "distenv", "run", "--nproc-per-node", "2", "--", *command(framework, py, 2, 2)]
+    res = parse(framework, run(argv, label=f"{framework} 2 nodes x 2 workers (per-node)"))
+    check_matches(framework, res, ref, 4, "per-node, 2 nodes")
+    if framework == "lightning":
+        assert res["hosts"] == ["node1", "node1", "node2", "node2"] and res["node_ranks"] == [0, 0, 1, 1]
