@@ -1,0 +1,226 @@
+"""Every job template parses, runs only commands this repository has, passes `distenv
+run` arguments its parser accepts, and hard-codes no rank, node rank or master address."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+import template_catalog as cat
+from template_catalog import REPO, TEMPLATES
+
+IDS = [rel.split("integrations/", 1)[1] for rel, _ in TEMPLATES]
+
+
+def test_every_template_file_is_listed():
+    """A template added to a platform folder without being listed here would go untested."""
+    listed = {rel for rel, _ in TEMPLATES}
+    skip = {"README.md"}
+    found = set()
+    for d in cat.TEMPLATE_DIRS:
+        for p in (REPO / d).iterdir():
+            if p.is_file() and p.name not in skip and not p.name.startswith("."):
+                found.add(str(p.relative_to(REPO)))
+    assert found - listed == set(), "templates not in template_catalog.TEMPLATES"
+    assert listed - found == set(), "listed templates that do not exist"
+
+
+@pytest.mark.parametrize("rel,fmt", TEMPLATES, ids=IDS)
+def test_parses(rel, fmt):
+    path = REPO / rel
+    text = path.read_text()
+    if fmt == "yaml":
+        pytest.importorskip("yaml", reason="PyYAML parses the YAML templates: pip install pyyaml "
+                            "(it is in the `test` extra)")
+        docs = cat.load_yaml(path)
+        assert docs and all(isinstance(d, dict) for d in docs), f"{rel}: not a YAML mapping"
+        # Nothing in a job spec is JSON-in-YAML except what the platform parses; still, any
+        # JSON-looking string must be valid JSON.
+        for s in re.findall(r"'(\{.*?\})'", text):
+            json.loads(s)
+    elif fmt == "python":
+        tree = ast.parse(text, filename=rel)
+        # The cloud SDKs are imported inside functions only: the file imports anywhere.
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        for node in top:
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            assert all(m.split(".")[0] in ("__future__", "argparse", "os", "sys") for m in mods), \
+                f"{rel}: top-level import of {mods}: import SDKs inside functions"
+    elif fmt in ("bash", "sh"):
+        shell = shutil.which(fmt)
+        if shell is None:
+            pytest.skip(f"{fmt} not found: it checks the script's syntax (`{fmt} -n`)")
+        p = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, f"{fmt} -n {rel}: {p.stderr}"
+        assert text.startswith(f"#!/bin/{fmt}\n"), f"{rel}: first line must be #!/bin/{fmt}"
+    elif fmt == "dockerfile":
+        instructions = [ln.split()[0] for ln in cat.logical_lines(text)]
+        assert instructions[0] == "FROM", f"{rel}: must start with FROM"
+        known = {"FROM", "ARG", "RUN", "WORKDIR", "COPY", "ENV", "ENTRYPOINT", "CMD"}
+        assert set(instructions) <= known, f"{rel}: unknown instructions {set(instructions) - known}"
+    else:  # pragma: no cover
+        raise AssertionError(fmt)
+
+
+# -- what each template runs exists in the repository ----------------------------------------
+PATH_RE = re.compile(r"(?<![\w/.-])((?:examples|integrations|src|tests)/[\w./-]*\w)")
+
+
+@pytest.mark.parametrize("rel,fmt", TEMPLATES, ids=IDS)
+def test_referenced_paths_exist(rel, fmt):
+    """Every repository path a template names (scripts it runs, files it uploads or copies)."""
+    text = (REPO / rel).read_text()
+    missing = sorted({m for m in PATH_RE.findall(text) if not (REPO / m).exists()})
+    assert not missing, f"{rel} names paths that do not exist: {missing}"
+
+
+def _relative_refs(rel):
+    """Paths a template gives relative to its own folder (Azure's code:, conda_file:)."""
+    if rel.startswith("integrations/azureml/job_"):
+        (job,) = cat.load_yaml(REPO / rel)
+        yield job["code"]
+        yield job["environment"]["conda_file"]
+    if rel.endswith("Dockerfile"):
+        for line in cat.logical_lines((REPO / rel).read_text()):
+            if line.startswith("COPY"):
+                for src in line.split()[1:-1]:
+                    yield "../../" + src   # the build context is the repository root
+
+
+@pytest.mark.parametrize("rel", [r for r, _ in TEMPLATES
+                                 if r.startswith("integrations/azureml/job_") or r.endswith("Dockerfile")])
+def test_relative_references_exist(rel):
+    pytest.importorskip("yaml", reason="PyYAML parses the YAML templates: pip install pyyaml")
+    base = (REPO / rel).parent
+    for ref in _relative_refs(rel):
+        assert (base / ref).resolve().exists(), f"{rel}: {ref} does not exist"
+
+
+def _launch_ids(launches):
+    return [l.key.split("integrations/", 1)[1] for l in launches]
+
+
+@pytest.fixture(scope="module")
+def all_launches():
+    pytest.importorskip("yaml", reason="PyYAML parses the YAML templates: pip install pyyaml")
+    return cat.launches()
+
+
+def test_every_template_starts_the_example(all_launches):
+    """Each launch runs the example (PyTorch, or Keras for TensorFlow jobs) - directly, or
+    through `distenv run`."""
+    assert len(all_launches) >= 30
+    for l in all_launches:
+        words = " ".join(l.argv)
+        assert cat.TORCH_EXAMPLE in words or cat.TF_EXAMPLE in words, f"{l.key}: {l.argv}"
+        if l.kind in ("tensorflow", "TFJob") or "tensorflow" in l.template:
+            assert cat.TF_EXAMPLE in words, f"{l.key}: a TensorFlow job runs the Keras example"
+
+
+def _programs(argv):
+    """The programs in an argv, through `env`, `bash -c`, launchers and `distenv run`."""
+    if argv[:2] == ["bash", "-c"]:
+        inner = shlex.split(argv[2])
+        yield from _programs(inner[1:] if inner[0] == "exec" else inner)
+        return
+    if argv and argv[0] == "env":
+        i = 1
+        while i < len(argv) and (argv[i].startswith("-") or "=" in argv[i]):
+            i += 2 if argv[i] == "-u" else 1
+        yield from _programs(argv[i:])
+        return
+    yield argv
+
+
+def test_commands_exist_in_the_repository(all_launches):
+    """`distenv` is this repository's console script, `python -m distenv` its package,
+    `python <script>` one of its files."""
+    scripts = _console_scripts()
+    assert "distenv" in scripts
+    for l in all_launches:
+        for argv in _programs(l.argv):
+            prog = argv[0]
+            if prog == "distenv":
+                assert scripts["distenv"] == "distenv.cli:main"
+            if prog == "python":
+                if argv[1:3] == ["-m", "distenv"]:
+                    assert (REPO / "src" / "distenv" / "__main__.py").exists()
+                else:
+                    assert (REPO / argv[1]).is_file(), f"{l.key}: {argv[1]} is not in the repository"
+            args = cat.distenv_run_args(argv)
+            if args is not None:
+                cmd = args[args.index("--") + 1:] if "--" in args else args
+                assert cmd[0] == "python" and (REPO / cmd[1]).is_file(), f"{l.key}: {cmd}"
+
+
+def _console_scripts():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli", reason="reads pyproject.toml on Python < 3.11")
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["scripts"]
+
+
+SAMPLE = {"$nproc": "2", "$NPROC_PER_NODE": "2"}
+
+
+def test_distenv_run_accepts_the_arguments(all_launches):
+    """Every `distenv run ...` in a template goes through the CLI's own parser."""
+    from distenv import run
+
+    seen = 0
+    for l in all_launches:
+        for argv in _programs(l.argv):
+            args = cat.distenv_run_args(argv)
+            if args is None:
+                continue
+            args = [SAMPLE.get(a, a) for a in args]
+            assert not [a for a in args if a.startswith("$")], f"{l.key}: unresolved {args}"
+            opts, cmd = run.parse(args)
+            assert cmd[:2] in (["python", cat.TORCH_EXAMPLE],), f"{l.key}: {cmd}"
+            assert opts["local_rank_arg"] == "none"
+            seen += 1
+    assert seen >= 12
+
+
+@pytest.mark.parametrize("rel", [r for r, f in TEMPLATES if f in ("bash", "sh")])
+def test_shell_distenv_run_lines_parse(rel):
+    """Shell templates: the `distenv run` line with the template's own variables filled in."""
+    from distenv import run
+
+    text = (REPO / rel).read_text()
+    lines = [c for c in cat.shell_commands(text) if cat.distenv_run_args(c) is not None]
+    if rel.endswith(("per_process.sbatch", "per_process.lsf", "per_process.pbs")):
+        assert not lines, f"{rel}: a per-process template runs the example directly"
+        return
+    assert len(lines) == 1, f"{rel}: expected one `distenv run` line, got {lines}"
+    args = [SAMPLE.get(a, a) for a in cat.distenv_run_args(lines[0])]
+    opts, cmd = run.parse(args)
+    assert opts["nproc_per_node"] in ("2", "gpu", None)
+    assert cmd == ["python", cat.TORCH_EXAMPLE]
+
+
+# -- nothing hard-coded ----------------------------------------------------------------------
+#: Launcher flags that would pin a process's place in the job.
+PINNING_FLAGS = re.compile(r"--node[-_]rank|--master[-_]addr|--master[-_]port|--rdzv[-_]endpoint")
+#: Variables that would: `NAME=value`, `NAME: value` (YAML), `${NAME:-value}` (shell default).
+PINNING_VARS = re.compile(
+    r"\b(RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|PET_NODE_RANK|PET_MASTER_ADDR|"
+    r"MASTER_ADDR)(?:\s*=|:-|:\s)\s*[\"']?(\S*)")
+
+
+@pytest.mark.parametrize("rel,fmt", TEMPLATES, ids=IDS)
+def test_no_rank_node_rank_or_master_address_is_hard_coded(rel, fmt):
+    text = (REPO / rel).read_text()
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    flags = PINNING_FLAGS.findall(code)
+    assert not flags, f"{rel} pins a node rank or rendezvous address: {flags}"
+    # A value may only be *derived* at run time (node file, jsrun, host file): $(...), ${...}.
+    bad = [m.group(0) for m in PINNING_VARS.finditer(code) if not m.group(2).startswith("$")]
+    assert not bad, f"{rel} pins a rank or address: {bad}"
