@@ -22,9 +22,16 @@ msock=$run/munge/munge.socket
 log() { printf '[cluster] %s\n' "$*" >&2; }
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 all_idle() { [ "$(SLURM_CONF=$conf sinfo -h -N -o '%N %T' 2>/dev/null | sort | tr '\n' ' ')" = "node1 idle node2 idle " ]; }
+# Already up: both nodes serve jobs, idle or busy with someone's job. (Demanding idle here
+# restarted a busy cluster, and the restart's scancel killed the running jobs.)
+all_serving() {
+  SLURM_CONF=$conf sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | awk '
+    $2 ~ /^(idle|mixed|allocated|completing)$/ { ok[$1] = 1 }
+    END { exit !(ok["node1"] && ok["node2"]) }'
+}
 
 if alive "$run/munge/munged.pid" && alive "$run/slurmctld.pid" \
-   && alive "$run/slurmd-node1.pid" && alive "$run/slurmd-node2.pid" && all_idle; then
+   && alive "$run/slurmd-node1.pid" && alive "$run/slurmd-node2.pid" && all_serving; then
   log "two-node SLURM already up"
   echo "export SLURM_CONF=$conf"; exit 0
 fi

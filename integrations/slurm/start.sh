@@ -32,8 +32,11 @@ command -v munged >/dev/null || [ -x /usr/sbin/munged ] || die "munged not found
 [ -d /sys/fs/cgroup ] && [ -n "$(ls -A /sys/fs/cgroup 2>/dev/null)" ] \
     || log "warning: /sys/fs/cgroup looks unmounted; slurmd needs it"
 
+# "Up" means the daemons live and the node serves jobs: idle, or busy with someone's job
+# (mixed/allocated/completing). Demanding "idle" here restarted a busy cluster, and the
+# restart (stop.sh: scancel) killed the jobs of whoever was using it.
 if pid_alive "$munge_dir/munged.pid" && pid_alive "$run/slurmctld.pid" && pid_alive "$run/slurmd.pid" \
-   && SLURM_CONF="$conf" sinfo -h -o %T 2>/dev/null | grep -q '^idle'; then
+   && SLURM_CONF="$conf" sinfo -h -o %T 2>/dev/null | grep -Eq '^(idle|mixed|allocated|completing)$'; then
     log "one-node SLURM already running ($conf)"
     echo "export SLURM_CONF=$conf"
     exit 0

@@ -124,6 +124,7 @@ class Layout:
     batch: "tuple[str, ...] | None" = None  # sbatch options: argv() is the batch script
     also: "tuple[str, ...]" = ()          # other launchers this layout needs installed
     torch: bool = False                   # the launcher itself is torchrun
+    master_optional: bool = False         # master_addr: rank 0's node, or None on every rank
     note: str = ""
 
     @property
@@ -209,6 +210,21 @@ _layouts = [
                     "--map-by", "ppr:2:node", "--prtemca", "plm_ssh_agent", FAKESSH,
                     "--prtemca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET),
            NODES, unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node"})),
+    # mpirun on a host that runs no rank (a login node): here the root namespace, host
+    # name vm, which reaches the nodes over the bridge (10.213.77.1)
+    Layout("openmpi4", "2x2-from-head", "cluster", 4, "openmpi", "openmpi",
+           plain(OMPI4, "--allow-run-as-root", "-np", "4", "-H", "node1:2,node2:2",
+                 "--mca", "plm_rsh_agent", FAKESSH, "--mca", "oob_tcp_if_include", NET,
+                 "--mca", "btl_tcp_if_include", NET),
+           NODES, unknown=frozenset({"node_rank"}), master_optional=True,
+           note="mpirun's host (vm) runs no rank: master is node1 or unknown, never vm"),
+    Layout("openmpi5", "2x2-from-head", "cluster", 4, "openmpi", "openmpi",
+           plain(OMPI5, "--allow-run-as-root", "-np", "4", "-H", "node1:2,node2:2",
+                 "--map-by", "ppr:2:node", "--prtemca", "plm_ssh_agent", FAKESSH,
+                 "--prtemca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET),
+           NODES, unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node"}),
+           master_optional=True,
+           note="mpirun's host (vm) runs no rank: master is node1 or unknown, never vm"),
     Layout("mpich4", "2x2", "cluster", 4, "hydra", "mpich",
            on_node1(MPICH4, "-np", "4", "-hosts", "node1:2,node2:2", "-launcher", "ssh",
                     "-launcher-exec", FAKESSH),
@@ -288,11 +304,22 @@ def probe_cmd(launcher_or_layout, shape: "str | None" = None) -> "list[str]":
     return [PY, str(PROBE), "--truth", lay.truth]
 
 
-#: A resolver bug these tests found (xfail(strict) where it shows; see the tests).
+#: Resolver bugs these tests found (xfail(strict) where they show; see the tests).
 OMPI5_MASTER_BUG = ("resolver bug: Open MPI 5 across nodes, rank 0 (on the mpirun host) gets "
              "master_addr None and a note 'mpirun's host runs no rank here', ranks 1-3 get "
              "the host: openmpi.py compares PMIX_SERVER_URI4's daemon 'prterun-H-P@0.0' with "
              "'prterun-H-P@0' (no '.0' vpid), so rank 0 always looks off the mpirun host")
+OMPI4_HEAD_BUG = ("resolver bug: Open MPI 4, mpirun on a host that runs no rank (vm, -H "
+                  "node1:2,node2:2): ranks 0, 2, 3 say master_addr None, rank 1 (node1, daemon "
+                  "vpid 1 < OMPI_MCA_orte_num_nodes=2) says 10.213.77.1, the head's address, "
+                  "where no rank runs. The ranks can tell: OMPI_MCA_ess_base_num_procs=3 "
+                  "(daemons, mpirun's included) > orte_num_nodes=2, and "
+                  "OMPI_MCA_orte_node_regex='vm,node[1:1-2]@0(3)' names the daemons' hosts")
+OMPI5_HEAD_BUG = ("resolver bug: Open MPI 5, mpirun on a host that runs no rank (vm): rank 0 "
+                  "says master_addr None (PMIX_HOSTNAME=node1 differs from PMIX_NAMESPACE="
+                  "prterun-vm-<pid>@1), ranks 1-3 say 'vm', where no rank runs; their daemons "
+                  "are prterun-vm-<pid>@0.1/@0.2 (mpirun is @0.0), and nothing else in their "
+                  "environment differs from a run started on node1 but OMPI_UNIVERSE_SIZE")
 
 
 # -- running -----------------------------------------------------------------------------
@@ -492,6 +519,8 @@ FIXTURE_NAMES = {
     "mpich4-2x2": "cluster-mpich4-2x2",
     "mpich5-2x2": "cluster-mpich5-2x2",
     "intelmpi-2x2": "cluster-intelmpi-2x2",
+    "openmpi4-2x2-from-head": "cluster-openmpi4-2x2-from-head",
+    "openmpi5-2x2-from-head": "cluster-openmpi5-2x2-from-head",
     "slurm-N2-2x2": "cluster-srun-2x2",
     "slurm-N2-n4-cyclic": "cluster-srun-n4-cyclic",
     "slurm-N2-n3": "cluster-srun-n3",
