@@ -12,7 +12,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 cd "$DISTENV_REPO_DIR"
 : "${DISTENV_HOROVOD_VERSION:=0.28.1}"
-venv="$DISTENV_REPO_DIR/.venvs/horovod"
+venv="${DISTENV_HOROVOD_VENV:-$DISTENV_REPO_DIR/.venvs/horovod}"  # tox: its env dir
 py="$venv/bin/python"
 marker="$venv/.distenv-horovod"
 want="horovod==$DISTENV_HOROVOD_VERSION torch+mpi+gloo $(sha1sum integrations/frameworks/horovod_patch.py | cut -c1-12)"

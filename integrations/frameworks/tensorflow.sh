@@ -12,7 +12,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 cd "$DISTENV_REPO_DIR"
 : "${DISTENV_TENSORFLOW_SPEC:=tensorflow-cpu>=2.16,<3}"
-venv="$DISTENV_REPO_DIR/.venvs/tensorflow"
+venv="${DISTENV_TENSORFLOW_VENV:-$DISTENV_REPO_DIR/.venvs/tensorflow}"  # tox: its env dir
 py="$venv/bin/python"
 
 install() {
