@@ -4,8 +4,8 @@ init_process_group, all_reduce, one JSON record per rank):
 
     SLURM     per_process.sbatch, per_node.sbatch    on the two-node SLURM (as written:
               2 nodes) and on the one-node SLURM (sbatch --nodes=1)
-    PBS       per_process.pbs with MPICH 4, per_node.pbs with Open MPI 4, on the two
-              network-namespace nodes, with a PBS_NODEFILE as PBS writes it (a node once
+    PBS       per_process.pbs and per_node.pbs, each with MPICH 4 and with Open MPI 4
+              (the scripts branch on the two), on the two network-namespace nodes, with a PBS_NODEFILE as PBS writes it (a node once
               per mpiprocs) and mpiexec reaching node2 through the cluster's fake ssh
     MPIJob    the Kubeflow MPIJob launcher's command (Open MPI 4), on the same two nodes,
               with the host file mpi-operator writes
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,7 @@ class Run:
 
 
 LOCAL = socket.gethostname()
+JOB_BASE = random.randrange(1000, 9900)   # fake PBS job numbers: JOB_BASE + run index
 RUNS = {r.name: r for r in [
     Run("slurm2-per-process", "slurm2", 4, {"node1": 2, "node2": 2}, "slurm", False,
         sbatch=("per_process.sbatch",)),
@@ -77,6 +78,11 @@ RUNS = {r.name: r for r in [
         mpi="mpich4"),
     Run("pbs-per-node-openmpi4", "cluster", 4, {"node1": 2, "node2": 2}, "torchrun", True,
         mpi="openmpi4"),
+    # The other MPI family for each script (the scripts branch on Open MPI vs Hydra).
+    Run("pbs-per-process-openmpi4", "cluster", 4, {"node1": 2, "node2": 2}, "openmpi", False,
+        mpi="openmpi4"),
+    Run("pbs-per-node-mpich4", "cluster", 4, {"node1": 2, "node2": 2}, "torchrun", True,
+        mpi="mpich4"),
     Run("mpijob-openmpi4", "cluster", 4, {"node1": 2, "node2": 2}, "openmpi", False,
         mpi="openmpi4"),
 ]}
@@ -172,7 +178,8 @@ def _pbs(run: Run, work: Path):
     # As PBS writes it: each node once per mpiprocs (2 for per-process, 1 for per-node).
     nodefile.write_text("node1\nnode2\n" if per_node else "node1\nnode1\nnode2\nnode2\n")
     env = _base_env(_mpi_bin(work, run.mpi, "mpiexec"))
-    env.update(PBS_NODEFILE=str(nodefile), PBS_JOBID=f"{os.getpid() % 100000}.pbs-test",
+    # The scripts derive MASTER_PORT from the job number: distinct for runs that overlap.
+    env.update(PBS_NODEFILE=str(nodefile), PBS_JOBID=f"{JOB_BASE + list(RUNS).index(run.name)}.pbs-test",
                PBS_O_WORKDIR=str(REPO), TRAIN=shlex.join(_probe(work)))
     if per_node:
         env["NCPUS"] = "2"     # ncpus of the chunk: two workers per node
@@ -202,12 +209,17 @@ def _mpijob(run: Run, work: Path):
 def _execute(run: Run, conf: "str | None"):
     work = _workdir(run.name)
     t0 = time.monotonic()
-    if run.sbatch:
-        rc, output = _sbatch(run, conf, work)
-    elif run.name.startswith("pbs-"):
-        rc, output = _pbs(run, work)
-    else:
-        rc, output = _mpijob(run, work)
+    try:
+        if run.sbatch:
+            rc, output = _sbatch(run, conf, work)
+        elif run.name.startswith("pbs-"):
+            rc, output = _pbs(run, work)
+        else:
+            rc, output = _mpijob(run, work)
+    except Exception:  # noqa: BLE001 - reported by this run's test, not the others'
+        import traceback
+
+        rc, output = 1, f"starting the run failed:\n{traceback.format_exc()}"
     records = []
     for f in sorted((work / "out").glob("*.json")):
         try:
