@@ -73,6 +73,7 @@ def run(argv, env_extra=None, timeout=TIMEOUT, label=""):
     p = subprocess.run(["timeout", "-k", "5", str(timeout), *argv], env=env, capture_output=True, text=True,
                        timeout=timeout + 30, stdin=subprocess.DEVNULL, cwd="/tmp")
     TIMES[label] = round(time.monotonic() - t0, 1)
+    print(f"\n[{label}: {TIMES[label]} s, exit {p.returncode}]", end=" ")
     assert p.returncode == 0, f"{label}: exit {p.returncode}\n{' '.join(argv)}\n" \
                               f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}"
     return p
@@ -149,7 +150,6 @@ def test_mpirun_two_ranks(framework, how):
         env = {"DISTENV_AUTO": "1"}
     res = parse(framework, run(argv, env, label=f"{framework} mpirun -np 2 {how}"))
     check_matches(framework, res, ref, 2, how)
-    print(f"\n{framework} {how}: {TIMES}")
 
 
 @pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
