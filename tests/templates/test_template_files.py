@@ -224,3 +224,31 @@ def test_no_rank_node_rank_or_master_address_is_hard_coded(rel, fmt):
     # A value may only be *derived* at run time (node file, jsrun, host file): $(...), ${...}.
     bad = [m.group(0) for m in PINNING_VARS.finditer(code) if not m.group(2).startswith("$")]
     assert not bad, f"{rel} pins a rank or address: {bad}"
+
+
+# -- distenv reaches the nodes ---------------------------------------------------------------
+def test_distenv_is_on_every_platforms_nodes(all_launches):
+    """Each template gets distenv where it runs: Azure uploads the repository with
+    PYTHONPATH=src; SageMaker ships src/distenv (and examples/ for the per-node entry
+    point) in /opt/ml/code, which is on PYTHONPATH; the container platforms use the image
+    of integrations/kubeflow/Dockerfile, which pip-installs this checkout (the `distenv`
+    console script)."""
+    docker = (REPO / "integrations/kubeflow/Dockerfile").read_text()
+    assert "COPY src ./src" in docker and re.search(r"pip install [^\n]*\s\.\s*$", docker, re.M)
+    for l in all_launches:
+        if l.template.startswith("integrations/azureml/job_"):
+            job = l.extra["job"]
+            assert job["environment_variables"]["PYTHONPATH"] == "src", l.key
+            assert (REPO / l.template).parent.joinpath(job["code"]).resolve() == REPO, l.key
+        elif l.template.endswith(("sdk1_jobs.py", "sdk2_jobs.py")):
+            text = (REPO / l.template).read_text()
+            assert '{"PYTHONPATH": "src"}' in text and "REPO" in text, l.key
+        elif l.template.endswith("estimators.py"):
+            deps = l.extra["dependencies"]
+            assert "src/distenv" in deps, l.key
+            if l.extra["entry_point"].endswith(".sh"):
+                assert "examples" in deps, f"{l.key}: the entry point runs examples/..."
+            assert "/opt/ml/code" in (REPO / l.template).read_text()
+        elif l.kind in ("PyTorchJob", "TrainJob", "MPIJob", "TFJob", "gcp", "vertex"):
+            text = (REPO / l.template).read_text()
+            assert "integrations/kubeflow/Dockerfile" in text, f"{l.key}: which image?"
