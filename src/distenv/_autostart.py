@@ -13,9 +13,21 @@ import os
 import sys
 
 
+def _is_distenv_cli() -> bool:
+    """This interpreter runs the `distenv` command (it describes the environment it was
+    given, and `distenv run` sets up its children itself)."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable] + list(getattr(sys, "argv", []))
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m":
+            return i + 1 < len(argv) and argv[i + 1] in ("distenv", "distenv.cli")
+        if arg == "-c" or not arg.startswith("-"):
+            return os.path.basename(arg) == "distenv"
+    return False
+
+
 def _start() -> None:
     flag = os.environ.get("DISTENV_AUTO", "").strip().lower()
-    if flag in ("", "0", "false", "no", "off"):
+    if flag in ("", "0", "false", "no", "off") or _is_distenv_cli():
         return
     from .errors import DistEnvError
 

@@ -313,3 +313,11 @@ def test_cli_describes_the_environment_it_was_given_under_DISTENV_AUTO():
                           env={**base, **env, "DISTENV_AUTO": "1"}, capture_output=True, text=True, timeout=60)
     assert plain.returncode == auto.returncode == 0, auto.stderr
     assert json.loads(plain.stdout) == json.loads(auto.stdout)
+    # A per-node launch: the command neither activates nor warns (it is not the training script).
+    per_node = {**base, **env, "DISTENV_AUTO": "1", "DISTENV_NPROC_PER_NODE": "2"}
+    p = subprocess.run([sys.executable, "-m", "distenv", "show", "--json"], env=per_node,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == "" and json.loads(p.stdout)["launch"] == "per-node"
+    code = "import sys; print('distenv.auto' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], env=per_node, capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "True" and "distenv run" in p.stderr
