@@ -248,9 +248,14 @@ def _prerequisites(request, run: Run) -> "str | None":
 
 @pytest.fixture(scope="module")
 def real_runs(request):
-    """Start every run at once; {name: result} or {name: (outcome, reason)}."""
+    """Start every selected run at once; {name: result} or {name: (outcome, reason)}."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "module", None) is sys.modules[__name__]
+                and hasattr(item, "callspec") and "name" in item.callspec.params}
     confs, results = {}, {}
     for run in RUNS.values():
+        if run.name not in selected:
+            continue
         try:
             confs[run.name] = _prerequisites(request, run)
         except pytest.skip.Exception as exc:
