@@ -261,15 +261,6 @@ def slurm2(cluster):
     yield from _shared("slurm2", is_up, start, lambda: _run([CLUSTER_DIR / "slurm-down.sh"]))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _itest_dir():
-    """Launch directories of failed runs are kept for debugging; empty ones go."""
-    yield
-    base = harness.run_dir() / "itest"
-    if base.is_dir() and not any(base.iterdir()):
-        base.rmdir()
-
-
 @pytest.fixture
 def need(request, ranks_python):
     """need(layout): bring up what the layout needs, skip if its launcher is missing."""

@@ -10,7 +10,7 @@ running first (``needs``: nothing, the one-node SLURM ``slurm1``, the two-node
 ``cluster``, the two-node SLURM ``slurm2``), and what distenv is expected to leave
 unknown there (``unknown``: fields the launcher does not reveal).
 
-How ranks report: every rank runs ``/bin/sh -c 'exec "$@" >DIR/<host>-<pid>.out'``
+How ranks report: every rank runs ``/bin/sh -c 'exec "$@" >DIR/<host>.XXXXXX.out'``
 around the command, so each rank's stdout lands in its own file in a directory all
 "nodes" share (they share the mount namespace). Launchers that merge or split the
 ranks' output lines (srun cuts long lines, Intel MPI glues them) cannot corrupt a
@@ -18,8 +18,10 @@ record, and the number of files is the number of ranks that really ran. A record
 the JSON object printed after the marker ``DISTENV-PROBE `` (see rank_probe.py).
 
 Every launch runs under ``timeout -k 5 <seconds>`` (a batch job: polled, then
-scancel'ed). The environment given to a launcher is this process's minus every
-launcher/torch variable (a stale RANK in the caller's shell must not leak into ranks).
+scancel'ed). Launch directories go under $DISTENV_RUN_DIR/itest and are removed
+afterwards (DISTENV_KEEP_RUNS=1 keeps those of failed runs). The environment given to a
+launcher is this process's minus every launcher/torch variable (a stale RANK in the
+caller's shell must not leak into ranks).
 
 Command line (used by integrations/record/record_cluster.sh):
 
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -273,7 +275,8 @@ _layouts = [
            unknown=frozenset({"num_nodes", "nproc_per_node", "master_addr"})),
     Layout("torchrun", "srun-N2-2x2", "slurm2", 4, "torchrun", "torchrun", _torchrun_srun,
            NODES, also=("slurm",), torch=True,
-           note="srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 2 (c10d at node1)"),
+           note="srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 2, "
+                "c10d rendezvous at node1"),
 ]
 LAYOUTS: "dict[str, Layout]" = {l.name: l for l in _layouts}
 
@@ -424,20 +427,24 @@ def launch(lay: Layout, cmd: Sequence[str], *, extra: Sequence[str] = (),
                          err.read_text(errors="replace") if err.exists() else "")
     result = {"files": files, "rc": rc, "output": chatter, "argv": argv, "work": work,
               "elapsed": elapsed}
-    if check and (rc != 0 or len(files) != lay.nranks):
-        raise LaunchError(describe_failure(lay, result))
-    shutil.rmtree(work, ignore_errors=True)
+    failed = check and (rc != 0 or len(files) != lay.nranks)
+    keep = failed and os.environ.get("DISTENV_KEEP_RUNS", "") not in ("", "0")
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        raise LaunchError(describe_failure(lay, result, kept=keep))
     return result
 
 
-def describe_failure(lay: Layout, result: dict) -> str:
+def describe_failure(lay: Layout, result: dict, kept: bool = True) -> str:
     lines = [f"{lay.name}: launcher exit {result['rc']} after {result['elapsed']:.1f} s, "
              f"{len(result['files'])} of {lay.nranks} rank(s) reported",
              f"argv: {shlex.join(map(str, result['argv']))}",
              f"launcher output:\n{_tail(result['output'])}"]
     for name, (out, err) in result["files"].items():
         lines.append(f"rank file {name}: stdout:\n{_tail(out, 1500)}\nstderr:\n{_tail(err, 1500)}")
-    lines.append(f"(kept in {result['work']})")
+    lines.append(f"(kept in {result['work']})" if kept else
+                 "(DISTENV_KEEP_RUNS=1 keeps the launch directory of a failed run)")
     return "\n".join(lines)
 
 
