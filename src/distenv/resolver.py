@@ -244,11 +244,13 @@ def _per_node(env, r, source, override):
                     r.why.pop(field, None)
                 r.launch = PER_NODE
         elif want is not None and local is not None and local != want:
-            raise DistEnvError(
-                f"{want_why} but {source.title} started {local} process(es) on this node "
-                f"({r.why.get('local_world_size')}). Fix: make them agree or unset "
-                "DISTENV_NPROC_PER_NODE."
-            )
+            _contradicts_want(want_why, source, local, r)
+    elif r.launch == PER_PROCESS and want is not None and source.name != "none":
+        local = r.get("local_world_size")
+        if local is not None and local != want:
+            # Asked for `want` workers per node, but this launcher already started its workers
+            # (or describes this process as one): silently starting a different number is wrong.
+            _contradicts_want(want_why, source, local, r)
     if r.launch != PER_NODE:
         return
 
@@ -276,6 +278,14 @@ def _per_node(env, r, source, override):
         r.set("local_world_size", nproc, why)
         if nodes is not None:
             r.set("world_size", nodes * nproc, f"num_nodes x nproc_per_node = {nodes} x {nproc}")
+
+
+def _contradicts_want(want_why, source, local, r):
+    raise DistEnvError(
+        f"{want_why} but {source.title} started {local} process(es) on this node "
+        f"({r.why.get('local_world_size')}). Fix: make them agree or unset "
+        "DISTENV_NPROC_PER_NODE."
+    )
 
 
 def _platform_source(r):

@@ -35,3 +35,20 @@ def test_documented_platform_environment(path, fake_gpus):
     got = resolve(case["env"]).to_dict()
     wrong = {k: (got[k], v) for k, v in expected.items() if got.get(k) != v}
     assert not wrong, f"{case['scenario']}\n(got, expected): {wrong}\n{resolve(case['env']).explain()}"
+
+
+@pytest.mark.parametrize("name", ["vertex_custom_container_workerpool1_index0",
+                                  "gcp_custom_container_master_with_ps"])
+def test_custom_container_with_tf_config_becomes_per_node_when_asked(name, no_gpus):
+    # A Vertex/GCP custom container gets CLUSTER_SPEC and TF_CONFIG but no RANK; asking
+    # for 4 workers per replica must give a per-node launch, not one silent worker.
+    case = load(os.path.join(HERE, "..", "fixtures", "platforms", name + ".json"))
+    env = resolve(dict(case["env"], DISTENV_NPROC_PER_NODE="4"))
+    assert env.launch == "per-node" and env.nproc_per_node == 4
+    assert env.world_size == 4 * env.num_nodes
+
+
+def test_nproc_request_contradicting_a_tf_worker_is_an_error(no_gpus):
+    tf = json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}})
+    with pytest.raises(DistEnvError, match="DISTENV_NPROC_PER_NODE"):
+        resolve({"TF_CONFIG": tf, "DISTENV_NPROC_PER_NODE": "4"})

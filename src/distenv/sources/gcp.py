@@ -79,7 +79,9 @@ class GoogleCloud(Source):
             return False
         # A TensorFlow job without torch variables: each TF_CONFIG task is one process,
         # which the TF_CONFIG source describes better.
-        return "RANK" in env or "TF_CONFIG" not in env
+        # Asked for several workers per replica (distenv run --nproc-per-node on a custom
+        # container), the replica is a node whatever TF_CONFIG says.
+        return "RANK" in env or "TF_CONFIG" not in env or bool(env.get("DISTENV_NPROC_PER_NODE"))
 
     def read(self, env, r):
         spec = cluster_spec(env)
