@@ -42,3 +42,73 @@ def no_gpus_session(tmp_path_factory):
     distenv.gpus.NVIDIA_DIR = str(tmp_path_factory.mktemp("gpus") / "none")
     yield
     distenv.gpus.NVIDIA_DIR = old
+
+
+# -- tests/e2e: frameworks under real launchers ------------------------------------------------
+# The session fixtures that bring up what launchers need (root, slurm1, cluster, slurm2) live
+# in tests/integration/conftest.py; they are made visible to tests/e2e here (tests/integration's
+# own conftest still wins for its tests). And DISTENV_REQUIRE_LAUNCHERS=1 turns every skip in
+# tests/e2e into a failure, as tests/integration's conftest does for its tests: a missing
+# framework venv or launcher cannot hide behind a skip in CI.
+def _load_integration_conftest():
+    import importlib.util
+
+    path = os.path.join(ROOT, "tests", "integration", "conftest.py")
+    spec = importlib.util.spec_from_file_location("distenv_integration_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+try:
+    _itest = _load_integration_conftest()
+    root, slurm1, cluster, slurm2 = _itest.root, _itest.slurm1, _itest.cluster, _itest.slurm2
+except Exception as _exc:  # keep tests/unit runnable whatever happens to tests/integration
+    _itest_error = f"tests/integration/conftest.py could not be loaded: {_exc!r}"
+
+    @pytest.fixture(scope="session")
+    def cluster():
+        pytest.skip(_itest_error)
+
+    root = slurm1 = slurm2 = cluster
+
+E2E_DIR = os.path.join(ROOT, "tests", "e2e")
+_E2E_REQUIRE = os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("", "0")
+
+
+def _in_e2e(item) -> bool:
+    return os.path.abspath(str(getattr(item, "path", None) or item.fspath)).startswith(E2E_DIR + os.sep)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or not _in_e2e(item):
+        return
+    reason = rep.longrepr
+    if isinstance(reason, tuple) and len(reason) == 3:
+        reason = reason[2]
+    rep.outcome = "failed"
+    rep.longrepr = (f"DISTENV_REQUIRE_LAUNCHERS=1 makes this skip ({rep.when} phase) a "
+                    f"failure: {reason}")
+    rep.user_properties.append(("distenv_required_skip", rep.when))
+
+
+def pytest_report_teststatus(report, config):
+    if report.when == "setup" and report.failed and \
+            ("distenv_required_skip", "setup") in report.user_properties and \
+            os.path.abspath(str(report.fspath)).startswith(E2E_DIR + os.sep):
+        return "failed", "F", "FAILED"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _in_e2e(item):
+            item.add_marker(pytest.mark.launcher)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "jobs(*names): launcher jobs this e2e test reads (tests/e2e/launch_pool.py)")

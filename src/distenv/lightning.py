@@ -158,35 +158,26 @@ def _register() -> None:
     """Make DistenvEnvironment a virtual subclass of each imported ClusterEnvironment base, and
     guard each imported Trainer's single-device strategy (see _guard_single_device).
 
-    Imports a package only when neither is imported yet (then the one installed, `lightning`
-    first): a Trainer's package is imported before the Trainer is built.
+    Imports a package only when none is imported yet (then every installed one). Without
+    Lightning installed it does nothing: there is no Trainer to accept the plugin anyway.
     """
     wanted = [p for p in _PACKAGES if any(r in sys.modules for r in _ROOTS[p[0]])]
     if not wanted:
+        # Created before any Lightning import: register with every installed package, since
+        # the Trainer that will receive this plugin may come from either.
         import importlib.util
 
-        for pkg in _PACKAGES:
-            root = _ROOTS[pkg[0]][0]
-            if importlib.util.find_spec(root) is not None:
-                wanted = [pkg]
-                break
-        else:
-            raise ModuleNotFoundError(
-                "distenv.lightning needs Lightning: pip install lightning (or pytorch-lightning)"
-            )
+        wanted = [p for p in _PACKAGES if importlib.util.find_spec(_ROOTS[p[0]][0]) is not None]
     import importlib
 
     for env_module, strategies in wanted:
-        if env_module in _registered:
-            continue
-        base = importlib.import_module(env_module).ClusterEnvironment
-        base.register(DistenvEnvironment)
-        _registered.add(env_module)
-        try:
-            single = importlib.import_module(strategies).SingleDeviceStrategy
-        except (ImportError, AttributeError):
-            continue  # lightning_fabric without pytorch_lightning: Fabric only
-        _guard_single_device(single)
+        if env_module not in _registered:
+            importlib.import_module(env_module).ClusterEnvironment.register(DistenvEnvironment)
+            _registered.add(env_module)
+        trainer_pkg = strategies.rsplit(".", 1)[0]  # lightning.pytorch / pytorch_lightning
+        if trainer_pkg not in sys.modules:
+            continue  # Fabric only (or the Trainer package is not imported: nothing to guard)
+        _guard_single_device(importlib.import_module(strategies).SingleDeviceStrategy)
 
 
 def _guard_single_device(cls) -> None:

@@ -1,0 +1,163 @@
+"""distenv.lightning under real launchers: examples/lightning_trainer.py, unchanged, as every rank.
+
+- Data-parallel for real: rank 0 gathers every rank's parameter checksum (identical), the
+  global ranks are 0..N-1 on the expected hosts and nodes, and the result equals a
+  single-process run of the same script over the same global batches.
+- Per-node launch: one Open MPI process on each of the two namespace nodes with
+  DISTENV_NPROC_PER_NODE=2; Lightning starts 2 workers per node from distenv's node rank,
+  node count and master: 4 ranks on 2 nodes.
+- The silent duplication without the plugin: under mpirun (no mpi4py) a plain Trainer makes
+  every rank a rank 0 of a 1-process job -- two independent trainings, exit 0 -- and the
+  same launch with the plugin is one 2-process job.
+- Trainer(devices=1) on a 2-process launch fails at once naming devices=2, never hangs.
+- Both packages: `lightning` and `pytorch_lightning` (DISTENV_LIGHTNING_PACKAGES, default
+  both, restricts them, e.g. in a tox env that installs one), the plugin accepted by each
+  Trainer and Fabric.
+
+Ranks run with $DISTENV_PY_LIGHTNING or .venvs/lightning/bin/python
+(integrations/frameworks/lightning.sh). Jobs run concurrently, each under a hard timeout.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+import harness
+from launch_pool import Job, jobs, local, openmpi4_nodes, single  # noqa: F401  (jobs: fixture)
+
+pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
+
+EXAMPLE = str(harness.REPO / "examples" / "lightning_trainer.py")
+CHECK = str(harness.REPO / "tests" / "e2e" / "lightning_plugin_check.py")
+ALL = ("lightning", "pytorch_lightning")
+PACKAGES = tuple(p for p in os.environ.get("DISTENV_LIGHTNING_PACKAGES", ",".join(ALL))
+                 .replace(" ", "").split(",") if p in ALL) or ALL
+
+
+def pkg(preferred: str) -> str:
+    """The package a scenario uses: its own when selected, else the one selected."""
+    return preferred if preferred in PACKAGES else PACKAGES[0]
+
+
+def lightning_job(layout, package, *args, **kw) -> Job:
+    return Job(layout, (EXAMPLE, "--package", package, *args), python="lightning",
+               modules=(package,), **kw)
+
+
+# scenario -> (job, launcher distenv reports, hosts per rank or None for this host)
+SCENARIOS = {
+    "openmpi4-np2": (lightning_job(local("openmpi4", 2), pkg("lightning"), cost=3),
+                     None),
+    "srun-n2": (lightning_job(local("slurm", 2, shape="n2"), pkg("pytorch_lightning"), cost=3),
+                None),
+    "torchrun-nproc2": (lightning_job(harness.LAYOUTS["torchrun-nproc2"], pkg("pytorch_lightning"),
+                                      cost=3), None),
+    "per-node-2x2": (lightning_job(openmpi4_nodes(1, "--bind-to", "none", "-x",
+                                                  "DISTENV_NPROC_PER_NODE=2", shape="2x1-per-node"),
+                                   pkg("lightning"), cost=6, timeout=300),
+                     ["node1", "node1", "node2", "node2"]),
+}
+RANKS = {"openmpi4-np2": 2, "srun-n2": 2, "torchrun-nproc2": 2, "per-node-2x2": 4}
+
+JOBS = {f"lt-{name}": job for name, (job, _) in SCENARIOS.items()}
+JOBS.update({f"lt-single-{p}": lightning_job(single(), p, cost=2) for p in PACKAGES})
+JOBS["lt-openmpi4-np2-no-plugin"] = lightning_job(local("openmpi4", 2), pkg("lightning"),
+                                                  "--no-plugin", cost=3)
+JOBS["lt-openmpi4-np2-devices1"] = lightning_job(local("openmpi4", 2), pkg("lightning"),
+                                                 "--devices", "1", cost=2, timeout=180)
+JOBS["lt-plugin-check"] = Job(single(), (CHECK, *PACKAGES), python="lightning",
+                              modules=PACKAGES, cost=2)
+
+
+def summaries(result):
+    return [r for r in result.records if r.get("example") == "lightning_trainer"]
+
+
+def summary(result):
+    found = summaries(result)
+    assert result.rc == 0 and len(found) == 1, result.describe()
+    return found[0]
+
+
+def close(a: float, b: float, rel: float = 1e-4) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("package", [pytest.param(p, marks=pytest.mark.jobs(f"lt-single-{p}"))
+                                     for p in PACKAGES])
+def test_single_process_reference(jobs, package):
+    ref = summary(jobs.result(f"lt-single-{package}"))
+    assert ref["package"] == package and ref["world_size"] == 1 and ref["steps"] == 48, ref
+
+
+def _scenario_params():
+    out = []
+    for name, (job, _) in SCENARIOS.items():
+        package = job.args[2]
+        out.append(pytest.param(name, marks=pytest.mark.jobs(f"lt-{name}", f"lt-single-{package}"),
+                                id=f"{name}-{package}"))
+    return out
+
+
+@pytest.mark.parametrize("name", _scenario_params())
+def test_data_parallel_equals_one_process(jobs, name):
+    job, hosts = SCENARIOS[name]
+    package = job.args[2]
+    out = summary(jobs.result(f"lt-{name}"))
+    n = RANKS[name]
+    assert out["package"] == package and out["plugin"] is True, out
+    assert out["environment"] == "DistenvEnvironment" and out["strategy"] == "DDPStrategy", out
+    assert out["world_size"] == n and sorted(out["ranks"]) == list(range(n)), out
+    assert len(set(out["pids"])) == n, f"{n} ranks must be {n} processes: {out}"
+    assert len(set(out["checksums"])) == 1, f"ranks ended with different parameters: {out}"
+    if hosts is not None:
+        assert out["hosts"] == hosts, out
+        assert out["node_ranks"] == [0, 0, 1, 1] and out["local_ranks"] == [0, 1, 0, 1], out
+        assert (out["devices"], out["num_nodes"]) == (2, 2), out
+    else:
+        assert len(set(out["hosts"])) == 1 and out["local_ranks"] == list(range(n)), out
+    ref = summary(jobs.result(f"lt-single-{package}"))
+    assert out["steps"] == ref["steps"], (out, ref)
+    assert close(out["final_loss"], ref["final_loss"]), (out["final_loss"], ref["final_loss"])
+    assert close(out["checksum"], ref["checksum"]), (out["checksum"], ref["checksum"])
+
+
+@pytest.mark.jobs("lt-openmpi4-np2-no-plugin", "lt-openmpi4-np2")
+def test_without_plugin_two_silent_copies_with_plugin_one_job(jobs):
+    bad = jobs.result("lt-openmpi4-np2-no-plugin")
+    copies = summaries(bad)
+    # The failure the plugin exists for: exit 0, two trainings, each "rank 0 of 1".
+    assert bad.rc == 0, bad.describe()
+    assert len(copies) == 2, bad.describe()
+    assert all(c["world_size"] == 1 and c["ranks"] == [0] for c in copies), copies
+    assert copies[0]["pids"] != copies[1]["pids"], copies
+    good = summary(jobs.result("lt-openmpi4-np2"))
+    assert good["world_size"] == 2 and good["ranks"] == [0, 1], good
+    assert len(set(good["checksums"])) == 1, good
+
+
+@pytest.mark.jobs("lt-openmpi4-np2-devices1")
+def test_devices_1_on_two_processes_is_a_clear_error(jobs):
+    r = jobs.result("lt-openmpi4-np2-devices1")
+    assert r.rc not in (0, 124, 137), r.describe()  # failed, and not by the timeout
+    text = " ".join(r.output.split())
+    assert "DistEnvError" in text, r.describe()
+    assert "Trainer(devices=1, num_nodes=1) contradicts the launch" in text, r.describe()
+    assert "Fix: Trainer(devices=2, num_nodes=1)" in text, r.describe()
+    assert not summaries(r), "a rank trained alone instead of failing"
+
+
+@pytest.mark.jobs("lt-plugin-check")
+def test_plugin_accepted_by_each_package(jobs):
+    r = jobs.result("lt-plugin-check")
+    facts = [x for x in r.records if set(x) & set(ALL)]
+    assert r.rc == 0 and len(facts) == 1, r.describe()
+    for package in PACKAGES:
+        f = facts[0][package]
+        assert f["isinstance"] is True, f
+        assert f["trainer_env"] == "DistenvEnvironment" and f["fabric_env"] == "DistenvEnvironment", f
+        for case in ("devices1", "devices1_ddp"):
+            assert "Fix: Trainer(devices=2, num_nodes=1)" in f[case], (case, f)
+        assert f["kwargs_np2"] == {"devices": 2, "num_nodes": 1}, f
