@@ -1,0 +1,181 @@
+"""distenv.lightning on recorded and documented launcher environments: what the plugin tells
+Lightning, the Trainer arguments it asks for, and the errors for contradicting ones.
+Lightning is not needed (the plugin's answers are plain Python); where it is installed the
+last tests check that each package's base class accepts the plugin."""
+
+import json
+import os
+
+import pytest
+
+from distenv import DistEnvError
+from distenv.lightning import WORKER_VAR, DistenvEnvironment, settings, trainer_kwargs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "fixtures", "launchers")
+
+
+def ranks(layout):
+    with open(os.path.join(FIXTURES, layout + ".json")) as f:
+        return [r["env"] for r in json.load(f)["ranks"]]
+
+
+def ompi(rank, size, local, local_size, nodes, extra=None):
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+            "OMPI_MCA_orte_num_nodes": str(nodes), "OMPI_MCA_ess_base_jobid": "4242",
+            "OMPI_MCA_orte_hnp_uri": "4241.0;tcp://10.213.77.11:4000", **(extra or {})}
+
+
+def slurm(rank, node, local, per_node="2(x2)", ntasks=4, nodes=2):
+    return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+            "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
+            "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": per_node}
+
+
+PER_NODE = {"DISTENV_NPROC_PER_NODE": "2"}
+
+
+# -- trainer_kwargs ------------------------------------------------------------------------
+@pytest.mark.parametrize("layout, devices, nodes", [
+    ("openmpi4-np4", 4, 1), ("openmpi5-np4", 4, 1), ("mpich4-np4", 4, 1), ("intelmpi-np4", 4, 1),
+    ("slurm-srun-n4", 4, 1), ("torchrun-nproc2", 2, 1), ("no-launcher", 1, 1),
+    ("slurm-srun-n1-torchrun-nproc2", 2, 1),
+])
+def test_trainer_kwargs_on_recorded_launches(no_gpus, layout, devices, nodes):
+    for e in ranks(layout):
+        assert trainer_kwargs(environ=e) == {"devices": devices, "num_nodes": nodes}
+
+
+def test_trainer_kwargs_two_nodes(no_gpus):
+    assert trainer_kwargs(environ=slurm(3, 1, 1)) == {"devices": 2, "num_nodes": 2}
+    # Open MPI 5 across nodes gives no node count: world / local when every node is alike.
+    e = ompi(2, 4, 0, 2, 2)
+    del e["OMPI_MCA_orte_num_nodes"]
+    assert trainer_kwargs(environ=e) == {"devices": 2, "num_nodes": 2}
+    assert trainer_kwargs(environ=ompi(1, 2, 0, 1, 2, PER_NODE)) == {"devices": 2, "num_nodes": 2}
+
+
+def test_uneven_layout_is_an_error(no_gpus):
+    # srun -N2 -n3: 2 tasks on node1, 1 on node2 -- Lightning needs equal counts.
+    with pytest.raises(DistEnvError, match="same number on every node"):
+        settings(DistenvEnvironment(environ=slurm(2, 1, 0, "2,1", 3)).env)
+
+
+# -- per-process: the launcher made the workers ------------------------------------------------
+def test_per_process_answers_come_from_the_launcher(no_gpus):
+    for e in ranks("openmpi5-np4"):
+        env = DistenvEnvironment(environ=e)
+        assert env.creates_processes_externally is True
+        assert env.global_rank() == int(e["OMPI_COMM_WORLD_RANK"])
+        assert env.local_rank() == int(e["OMPI_COMM_WORLD_LOCAL_RANK"])  # 0,2,1,3: not rank % 4
+        assert env.world_size() == 4 and env.node_rank() == 0
+        assert env.main_address == "127.0.0.1" and 1 <= env.main_port <= 65535
+        env.set_global_rank(0)   # Lightning's arithmetic is ignored for external processes
+        env.set_world_size(1)
+        assert env.global_rank() == int(e["OMPI_COMM_WORLD_RANK"]) and env.world_size() == 4
+        env.validate_settings(num_devices=4, num_nodes=1)
+
+
+def test_every_rank_agrees_on_the_master(no_gpus):
+    envs = [DistenvEnvironment(environ=e) for e in ranks("slurm-srun-n4")]
+    assert len({(e.main_address, e.main_port) for e in envs}) == 1
+
+
+@pytest.mark.parametrize("devices, nodes", [(1, 1), (2, 1), (4, 2), (2, 2)])
+def test_contradicting_settings_name_the_right_ones(no_gpus, devices, nodes):
+    env = DistenvEnvironment(environ=ranks("openmpi4-np4")[1])
+    with pytest.raises(DistEnvError) as err:
+        env.validate_settings(num_devices=devices, num_nodes=nodes)
+    msg = str(err.value)
+    assert f"Trainer(devices={devices}, num_nodes={nodes}) contradicts the launch" in msg
+    assert "Fix: Trainer(devices=4, num_nodes=1)" in msg and "trainer_kwargs()" in msg
+    assert "\n" not in msg
+    if (devices, nodes) == (1, 1):
+        assert "believing it is rank 0" in msg
+
+
+def test_unknown_master_across_nodes_names_master_addr(no_gpus):
+    # MPICH across nodes reveals no head-node address.
+    e = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    env = DistenvEnvironment(environ=e)
+    assert env.env.master_addr is None
+    with pytest.raises(DistEnvError, match="MASTER_ADDR"):
+        env.main_address
+    assert DistenvEnvironment(environ={**e, "MASTER_ADDR": "node1"}).main_address == "node1"
+
+
+def test_incomplete_launch_fails_at_construction(no_gpus):
+    # MPICH -pmi-port: no world size at all.
+    with pytest.raises(DistEnvError, match="WORLD_SIZE"):
+        DistenvEnvironment(environ=ranks("mpich4-np2-pmi-port")[1])
+
+
+# -- per-node: Lightning starts the workers ------------------------------------------------
+def test_per_node_process_lets_lightning_start_the_workers(no_gpus):
+    environ = ompi(1, 2, 0, 1, 2, PER_NODE)
+    env = DistenvEnvironment(environ=environ)
+    assert env.env.launch == "per-node"
+    assert env.creates_processes_externally is False
+    assert env.node_rank() == 1 and env.local_rank() == 0
+    assert env.world_size() == 4 and env.global_rank() == 2
+    assert env.main_address == "10.213.77.11"
+    env.validate_settings(num_devices=2, num_nodes=2)
+    # Lightning's own arithmetic is what its workers use: the setters are honoured.
+    env.set_global_rank(2)
+    env.set_world_size(4)
+    assert (env.global_rank(), env.world_size()) == (2, 4)
+    # validate_settings handed the node's description to the workers Lightning starts.
+    node = json.loads(environ[WORKER_VAR])
+    assert (node["node_rank"], node["num_nodes"], node["nproc_per_node"]) == (1, 2, 2)
+
+    # A worker: Lightning copies the environment and sets LOCAL_RANK (and friends).
+    worker_environ = {**environ, "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4",
+                      "MASTER_ADDR": env.main_address, "MASTER_PORT": str(env.main_port)}
+    worker = DistenvEnvironment(environ=worker_environ)
+    assert worker.creates_processes_externally is True
+    assert (worker.local_rank(), worker.node_rank(), worker.global_rank()) == (1, 1, 3)
+    assert worker.world_size() == 4
+    assert (worker.main_address, worker.main_port) == (env.main_address, env.main_port)
+    worker.validate_settings(num_devices=2, num_nodes=2)
+
+
+def test_per_node_contradictions(no_gpus):
+    env = DistenvEnvironment(environ=ompi(0, 2, 0, 1, 2, PER_NODE))
+    for devices, nodes in ((1, 2), (2, 1), (4, 1)):
+        with pytest.raises(DistEnvError, match=r"Fix: Trainer\(devices=2, num_nodes=2\)"):
+            env.validate_settings(num_devices=devices, num_nodes=nodes)
+
+
+def test_workers_of_a_lone_process(no_gpus):
+    # `python train.py` with Trainer(devices=2): Lightning starts the second worker itself.
+    environ = {}
+    env = DistenvEnvironment(environ=environ)
+    assert trainer_kwargs(environ={}) == {"devices": 1, "num_nodes": 1}
+    assert env.creates_processes_externally is False
+    env.validate_settings(num_devices=2, num_nodes=1)
+    worker = DistenvEnvironment(environ={**environ, "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+                                         "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                                         "MASTER_PORT": str(env.main_port)})
+    assert (worker.global_rank(), worker.world_size(), worker.local_rank()) == (1, 2, 1)
+    with pytest.raises(DistEnvError, match="nothing starts it on other nodes"):
+        DistenvEnvironment(environ={}).validate_settings(num_devices=1, num_nodes=2)
+
+
+def test_slurm_batch_script_is_one_process(no_gpus):
+    e = ranks("slurm-sbatch-script-n4")[0]
+    with pytest.raises(DistEnvError, match="single process"):
+        DistenvEnvironment(environ=e).validate_settings(num_devices=2, num_nodes=2)
+
+
+# -- with Lightning installed ----------------------------------------------------------------
+@pytest.mark.parametrize("module", ["lightning.fabric.plugins.environments",
+                                    "lightning_fabric.plugins.environments"])
+def test_each_package_base_class_accepts_the_plugin(no_gpus, module):
+    base = pytest.importorskip(module).ClusterEnvironment
+    env = DistenvEnvironment(environ=ranks("openmpi4-np2")[0])
+    assert isinstance(env, base)
+    missing = [name for name in base.__abstractmethods__ if not hasattr(env, name)]
+    assert missing == []
