@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import struct
 import sys
 
 import distenv.horovod
@@ -52,9 +53,10 @@ def main(argv=None) -> int:
         opt.step()
     mean_loss = hvd.allreduce(loss.detach(), name="loss").item()
 
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    digest = hashlib.sha256(struct.pack(f"{len(flat)}f", *flat))  # no numpy needed
     report = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
-              "local_size": hvd.local_size(), "controller": os.environ.get("HOROVOD_CONTROLLER", "mpi"),
+              "local_size": hvd.local_size(), "controller": os.environ.get("HOROVOD_CONTROLLER", "none"),
               "weights": digest.hexdigest(), "loss": mean_loss}
     sys.stdout.write("DISTENV-HOROVOD " + json.dumps(report) + "\n")
     sys.stdout.flush()
