@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 T0 = time.monotonic()
 MARK = "DISTENV-PROBE "
+LOCAL_RANK_ARGS = [a for a in sys.argv[1:] if a.split("=")[0] in ("--local_rank", "--local-rank")]
 
 
 def _take_flag(name: str) -> bool:
@@ -122,6 +123,7 @@ def main() -> int:
         and torch.distributed.get_world_size(),
         "transformers": transformers.__version__,
         "distenv": USE_DISTENV,
+        "local_rank_args": LOCAL_RANK_ARGS,   # as the launcher or the job script passed them
         "seconds": {"to_args": round(t_args - T0, 2), "total": round(time.monotonic() - T0, 2)},
     }
     if REPORT:

@@ -69,9 +69,20 @@ def layout(py: str, name: str) -> Layout:
                             "--no-python"), ONE, torch=True)
     if name == "torch-launch":
         return Layout("torchrun", "launch-nproc2", "local", 2, "torchrun", "torchrun",
-                      plain(py, "-m", "torch.distributed.launch", "--standalone",
-                            "--nproc-per-node", "2", "--no-python"), ONE, torch=True)
+                      _legacy_launch(py), ONE, torch=True)
     raise KeyError(name)
+
+
+def _legacy_launch(py: str):
+    """`python -m torch.distributed.launch` runs `python -u SCRIPT ARGS --local-rank=N`: the
+    harness's per-rank shell wrapper becomes per_rank.py, the script it execs."""
+    def build(cmd, extra):
+        # harness._per_rank: ["/bin/sh", "-c", WRAPPER, OUT_DIR, python, script, args...]
+        if len(cmd) < 6 or cmd[0] != "/bin/sh" or cmd[4] != py:
+            raise AssertionError(f"unexpected per-rank command from the harness: {cmd[:6]}")
+        return [py, "-m", "torch.distributed.launch", "--standalone", "--nproc-per-node", "2",
+                *extra, str(HERE / "per_rank.py"), cmd[3], *cmd[5:]]
+    return build
 
 
 def need_launcher(request, lay: Layout) -> None:
