@@ -307,3 +307,20 @@ def test_resolve_does_not_write_the_environment():
     before = dict(env)
     resolve(env)
     assert env == before
+
+
+def test_openmpi5_two_nodes_rank0_on_mpirun_host_keeps_master():
+    # Measured on the namespace cluster: the mpirun host's daemon is <nspace>@0.0.
+    base = ompi(0, 4, 0, 2, PMIX_NAMESPACE="prterun-node1-4242@1", PMIX_HOSTNAME="node1")
+    got = resolve(dict(base, PMIX_SERVER_URI4="prterun-node1-4242@0.0;tcp4://127.0.0.1:1"))
+    assert got.master_addr == "node1" and not got.notes
+    other = ompi(2, 4, 0, 2, PMIX_NAMESPACE="prterun-node1-4242@1", PMIX_HOSTNAME="node2",
+                 PMIX_SERVER_URI4="prterun-node1-4242@0.1;tcp4://127.0.0.1:1")
+    assert resolve(other).master_addr == "node1"
+
+
+def test_openmpi5_mpirun_outside_the_job_gives_no_master():
+    env = ompi(0, 4, 0, 2, PMIX_NAMESPACE="prterun-vm-31601@1", PMIX_HOSTNAME="node1",
+               PMIX_SERVER_URI4="prterun-vm-31601@0.1;tcp4://127.0.0.1:45067")
+    got = resolve(env)
+    assert got.master_addr is None and any("MASTER_ADDR" in n for n in got.notes)

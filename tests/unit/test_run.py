@@ -330,10 +330,7 @@ def test_per_node_one_node_under_a_launcher(launcher):
 
 @pytest.mark.launcher
 @pytest.mark.cluster
-@pytest.mark.parametrize("launcher", ["openmpi4", pytest.param("openmpi5", marks=pytest.mark.xfail(
-    reason="resolver: on rank 0 under Open MPI 5 across nodes master_addr is None -- sources/openmpi.py "
-           "compares PMIX_SERVER_URI4's daemon '<nspace>@0.0' with '<nspace>@0' (should be '@0.0')",
-    strict=False))])
+@pytest.mark.parametrize("launcher", ["openmpi4", "openmpi5"])
 def test_per_node_two_nodes_two_workers_each(launcher):
     """mpirun --map-by ppr:1:node over the two namespace nodes, `distenv run --nproc-per-node 2`:
     4 workers, ranks 0-1 on node1 and 2-3 on node2, a gloo all_reduce across the nodes."""

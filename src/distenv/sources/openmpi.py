@@ -70,7 +70,7 @@ class OpenMPI(Source):
             here = env.get("PMIX_HOSTNAME")
             if host and r.get("rank") == 0 and here and here != host:
                 self._not_on_mpirun_host(r, "PMIX_HOSTNAME")
-            elif host and self._hnp_hosts_rank0(r, daemon, namespace.split("@")[0] + "@0",
+            elif host and self._hnp_hosts_rank0(r, daemon, namespace.split("@")[0] + "@0.0",
                                                  "PMIX_SERVER_URI4"):
                 r.set("master_addr", host,
                       "PMIX_NAMESPACE (prterun-<mpirun host>-<pid>: rank 0 runs on the mpirun host)")
