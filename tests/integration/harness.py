@@ -308,10 +308,6 @@ def probe_cmd(launcher_or_layout, shape: "str | None" = None) -> "list[str]":
 
 
 #: Resolver bugs these tests found (xfail(strict) where they show; see the tests).
-OMPI5_MASTER_BUG = ("resolver bug: Open MPI 5 across nodes, rank 0 (on the mpirun host) gets "
-             "master_addr None and a note 'mpirun's host runs no rank here', ranks 1-3 get "
-             "the host: openmpi.py compares PMIX_SERVER_URI4's daemon 'prterun-H-P@0.0' with "
-             "'prterun-H-P@0' (no '.0' vpid), so rank 0 always looks off the mpirun host")
 OMPI4_HEAD_BUG = ("resolver bug: Open MPI 4, mpirun on a host that runs no rank (vm, -H "
                   "node1:2,node2:2): ranks 0, 2, 3 say master_addr None, rank 1 (node1, daemon "
                   "vpid 1 < OMPI_MCA_orte_num_nodes=2) says 10.213.77.1, the head's address, "

@@ -32,14 +32,10 @@ FIELDS = ("launcher", "platform", "launch", "rank", "local_rank", "world_size",
           "local_world_size", "node_rank", "num_nodes", "nproc_per_node", "master_addr",
           "master_port", "hosts", "job_id")
 
-OMPI5_BUG = harness.OMPI5_MASTER_BUG
 #: (layout, test) -> reason. Each is strict: when the resolver is fixed, the xfail fails.
 KNOWN_BUGS = {
-    ("openmpi5-2x2", "test_master"): OMPI5_BUG,
-    **{(name, "test_notes_match_master"): OMPI5_BUG + " (on one node the address is right, "
-       "127.0.0.1, but rank 0 still carries that note)"
-       for name in ("openmpi5-np4", "openmpi5-np4-map-by-node", "openmpi5-np2")},
-    ("slurm-N2-sbatch-openmpi5", "test_master"): OMPI5_BUG,
+    # Fixed in 6d29a14 (the tests caught it): Open MPI 5 across nodes, rank 0 compared its
+    # daemon 'prterun-H-P@0.0' with 'prterun-H-P@0' and lost the master address.
     ("openmpi4-2x2-from-head", "test_master"): harness.OMPI4_HEAD_BUG,
     ("openmpi5-2x2-from-head", "test_master"): harness.OMPI5_HEAD_BUG,
 }

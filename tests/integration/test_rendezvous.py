@@ -31,7 +31,7 @@ RUNS = [
     ("slurm-srun-n2", (), None),
     ("torchrun-nproc2", (), None),
     ("openmpi4-2x2", (), None),
-    ("openmpi5-2x2", (), harness.OMPI5_MASTER_BUG),
+    ("openmpi5-2x2", (), None),
     ("mpich4-2x2", GENV_MASTER, None),
     ("intelmpi-2x2", GENV_MASTER, None),
     ("slurm-N2-2x2", (), None),
