@@ -180,10 +180,14 @@ def fake_horovod(monkeypatch):
     fake_torch.threads = []
     fake_torch.set_num_threads = fake_torch.threads.append
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    for var in list(os.environ):
-        if var.startswith("HOROVOD_"):
+    launcher_vars = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                     "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG", "CLUSTER_SPEC",
+                     "OMP_NUM_THREADS"}
+    prefixes = ("HOROVOD_", "OMPI_", "PMIX_", "PMI_", "MPI_LOCAL", "SLURM_", "TORCHELASTIC_", "DISTENV_",
+                "SM_", "PET_", "AZ_BATCH", "AZUREML_")
+    for var in list(os.environ):  # a stale variable (another test's export) must not leak in
+        if var in launcher_vars or var.startswith(prefixes):
             monkeypatch.delenv(var)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     yield hvd, fake_torch
     server = dh._server.pop("httpd", None)
     if server is not None:
