@@ -79,6 +79,14 @@ def worker_index(env=None) -> int:
     return 0 if value is None else value
 
 
+def is_distributed(env=None) -> bool:
+    """True when more than one worker trains (the TF cluster's workers, else the launch's)."""
+    tf_adapter = sys.modules.get("distenv.tensorflow")
+    if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
+        return len(tf_adapter._last["plan"].get("workers") or ()) > 1
+    return _resolve(env).is_distributed
+
+
 def verbose(default="auto", env=None):
     """The `verbose` to give `fit`/`evaluate`: `default` on the chief, 0 elsewhere."""
     return default if is_chief(env) else 0
@@ -194,11 +202,14 @@ def callbacks(cbs=None, *, env=None, strategy=None, chief: "bool | None" = None,
               quiet: bool = True) -> list:
     """The user's callbacks made chief-aware (see the module docstring); a new list.
 
-    `chief` overrides the chief test (default `is_chief(env)`); `strategy` the strategy
+    A single worker gets its callbacks back unchanged. `chief` overrides the chief test
+    (default `is_chief(env)`); `strategy` the strategy
     used to tell tf-keras multi-worker mode (default: the one `distenv.tensorflow` made).
     The callbacks are changed in place, so build a fresh list per `fit`.
     """
     cbs = list(cbs or [])
+    if chief is None and not is_distributed(env):
+        return cbs  # a single worker writes where the user asked, as without distenv
     chief = is_chief(env) if chief is None else chief
     index = worker_index(env)
     flavours = {_flavour_of(cb) for cb in cbs if "Callback" in _class_names(cb)}

@@ -120,6 +120,12 @@ def test_other_workers_write_private_paths_that_are_removed(fake_keras, tmp_path
     cbs[-1].on_train_end()
 
 
+def test_a_single_worker_keeps_everything(fake_keras, tmp_path):
+    cbs = user_callbacks(fake_keras, str(tmp_path))
+    out = dk.callbacks(cbs, env=distenv.resolve({}))
+    assert out == cbs and out[3].backup_dir == os.path.join(str(tmp_path), "backup")
+
+
 def test_a_users_progress_bar_is_replaced_off_chief(fake_keras):
     env = distenv.resolve(recorded("openmpi4-np2", 1))
     cbs = dk.callbacks([fake_keras.callbacks.ProgbarLogger()], env=env)
