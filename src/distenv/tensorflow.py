@@ -524,6 +524,9 @@ def keras_problem(environ=None) -> "str | None":
     if "tf_keras" in sys.modules:
         return None  # the user trains with tf-keras directly
     flavour, why = keras_flavour(environ)
+    imported = sys.modules.get("keras")
+    if flavour == "tf_keras" and str(getattr(imported, "__version__", "")).startswith("3."):
+        flavour, why = "keras_3", f"keras {imported.__version__} (Keras 3) is imported, tf_keras is not"
     if flavour in ("tf_keras", "keras_2", "none"):
         return None
     fix = ("Fix: pip install 'tf-keras~=<TensorFlow major.minor>.0' --no-deps and set "

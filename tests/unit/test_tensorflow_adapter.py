@@ -332,6 +332,17 @@ def test_tf_keras_is_fine(monkeypatch):
     assert "not installed" in dtf.keras_problem({"TF_USE_LEGACY_KERAS": "1"})
 
 
+def test_keras3_imported_directly_is_caught(monkeypatch):
+    import importlib.util
+
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    monkeypatch.delitem(sys.modules, "tf_keras", raising=False)
+    monkeypatch.setitem(sys.modules, "keras", types.SimpleNamespace(__version__="3.15.1"))
+    fake_versions(monkeypatch, **{"tensorflow-cpu": "2.21.0", "keras": "3.15.1"})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert "is imported" in dtf.keras_problem({"TF_USE_LEGACY_KERAS": "1"})
+
+
 def test_old_tensorflow_has_keras2(monkeypatch):
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
     monkeypatch.delitem(sys.modules, "tf_keras", raising=False)
