@@ -709,6 +709,8 @@ def strategy(env=None, *, communication: str = "auto", timeout: "float | None" =
 
 
 def _parameter_server(tf, resolver, task, **kwargs):
+    if task["type"] == "evaluator":
+        return tf.distribute.get_strategy()  # a side-car evaluator trains nothing
     if task["type"] in ("worker", "ps"):
         # Workers and parameter servers serve the coordinator (the chief) until it ends.
         server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"],
