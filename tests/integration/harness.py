@@ -308,18 +308,6 @@ def probe_cmd(launcher_or_layout, shape: "str | None" = None) -> "list[str]":
 
 
 #: Resolver bugs these tests found (xfail(strict) where they show; see the tests).
-OMPI4_HEAD_BUG = ("resolver bug: Open MPI 4, mpirun on a host that runs no rank (vm, -H "
-                  "node1:2,node2:2): ranks 0, 2, 3 say master_addr None, rank 1 (node1, daemon "
-                  "vpid 1 < OMPI_MCA_orte_num_nodes=2) says 10.213.77.1, the head's address, "
-                  "where no rank runs. The ranks can tell: OMPI_MCA_ess_base_num_procs=3 "
-                  "(daemons, mpirun's included) > orte_num_nodes=2, and "
-                  "OMPI_MCA_orte_node_regex='vm,node[1:1-2]@0(3)' names the daemons' hosts")
-OMPI5_HEAD_BUG = ("resolver bug: Open MPI 5, mpirun on a host that runs no rank (vm): rank 0 "
-                  "says master_addr None (PMIX_HOSTNAME=node1 differs from PMIX_NAMESPACE="
-                  "prterun-vm-<pid>@1), ranks 1-3 say 'vm', where no rank runs; their daemons "
-                  "are prterun-vm-<pid>@0.1/@0.2 (mpirun is @0.0), and nothing else in their "
-                  "environment differs from a run started on node1 but OMPI_UNIVERSE_SIZE")
-
 
 # -- running -----------------------------------------------------------------------------
 class LaunchError(AssertionError):

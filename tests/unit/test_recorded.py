@@ -23,6 +23,10 @@ FAMILIES = [
     ("cluster-sbatch-openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
     ("cluster-sbatch-mpich", "mpich", "MPI_LOCALRANKID"),
     ("slurm-sbatch-script", "none", None),
+    ("cluster-sbatch-script", "none", None),
+    ("cluster-salloc-shell", "none", None),
+    ("cluster-sbatch-intelmpi", "intelmpi", "MPI_LOCALRANKID"),
+    ("cluster-sbatch-openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
     ("slurm-salloc-shell", "none", None),
     ("no-launcher", "none", None),
     ("openmpi", "openmpi", "OMPI_COMM_WORLD_LOCAL_RANK"),
@@ -35,6 +39,10 @@ FAMILIES = [
     ("cluster-srun", "slurm", "SLURM_LOCALID"),
     ("torchrun", "torchrun", "LOCAL_RANK"),
 ]
+
+
+# The namespace cluster's node addresses (integrations/cluster/env.sh).
+NODE_ADDRS = {"node1": "10.213.77.11", "node2": "10.213.77.12"}
 
 
 def family(layout):
@@ -62,7 +70,7 @@ def test_recorded_job(path, no_gpus):
     assert {e.launcher for e in envs} == {launcher}, [e.explain() for e in envs]
     if launcher == "none":
         assert [(e.rank, e.world_size) for e in envs] == [(0, 1)]
-        if rec["layout"].startswith("slurm"):
+        if rec["layout"].startswith(("slurm", "cluster")):
             assert any("srun" in n for n in envs[0].notes)
         return
     n = len(ranks)
@@ -87,14 +95,37 @@ def test_recorded_job(path, no_gpus):
     assert {e.num_nodes for e in envs} <= {len(hosts), None}
     if len(hosts) == 1:
         assert {e.node_rank for e in envs} <= {0, None}
+    if rec["layout"].endswith("-from-head"):
+        # mpirun ran on a host with no rank. Rank 0 always knows (its daemon is not mpirun's)
+        # and refuses to name an address, so a job that needs one fails on rank 0 at once.
+        rank0 = envs[truth.index(0)]
+        assert rank0.master_addr is None and any("MASTER_ADDR" in n for n in rank0.notes)
+        if rec["layout"].startswith("cluster-openmpi4"):
+            # Open MPI 4 tells every rank: more daemons than nodes with ranks.
+            assert {e.master_addr for e in envs} == {None}
+        return
     # Every rank must agree on where and how to meet.
     assert len({(e.master_addr, e.master_port) for e in envs}) == 1
     if len(hosts) == 1 and launcher != "torchrun" and "pmi-port" not in rec["layout"]:
         assert envs[0].master_addr == "127.0.0.1"
     for e in envs:
-        if e.world_size:
+        if e.world_size and (e.master_addr is not None or len(hosts) == 1):
             written = e.export({})
             assert written["RANK"] == str(e.rank)
+        elif e.world_size:
+            # Across nodes without a revealed address: export must say to set MASTER_ADDR.
+            with pytest.raises(DistEnvError, match="MASTER_ADDR"):
+                e.export({})
+    if len(hosts) > 1:
+        # The address, when known, is rank 0's node (by name or by its address).
+        rank0 = ranks[truth.index(0)]
+        addr = envs[0].master_addr
+        if addr is not None:
+            assert addr in (rank0["hostname"], NODE_ADDRS.get(rank0["hostname"])), (addr, rank0["hostname"])
+        nodes_by_lowest = sorted(hosts, key=lambda h: min(e.rank for e in hosts[h]))
+        for e, r in zip(envs, ranks):
+            if e.node_rank is not None:
+                assert e.node_rank == nodes_by_lowest.index(r["hostname"])
 
 
 def test_open_mpi_5_local_ranks_follow_the_launcher_not_rank_order(no_gpus):

@@ -58,7 +58,13 @@ class OpenMPI(Source):
             r.port_key = f"ompi:{family}:{jobid}"
             addr = hnp_address(uri)
             daemon = env.get("OMPI_MCA_orte_local_daemon_uri", "").split(";", 1)[0]
-            if addr and self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
+            daemons = env.get("OMPI_MCA_ess_base_num_procs", "")
+            nodes = r.get("num_nodes")
+            if daemons.isdigit() and nodes is not None and int(daemons) > nodes:
+                # More daemons than nodes with ranks (measured: set on ranks started by a
+                # remote daemon): mpirun runs a daemon on a host that has no rank.
+                self._not_on_mpirun_host(r, "OMPI_MCA_ess_base_num_procs > OMPI_MCA_orte_num_nodes")
+            elif addr and self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
                 r.set("master_addr", addr,
                       "OMPI_MCA_orte_hnp_uri (the mpirun host, where Open MPI maps rank 0)")
         elif namespace:  # Open MPI 5 (or 4 with external PMIx)
