@@ -1,0 +1,187 @@
+"""Every pair of sources that can both be present: agreeing values pass, disagreeing ones
+raise a DistEnvError naming both variables — or follow the documented precedence (a
+launcher started inside another describes the process; see the README)."""
+
+import json
+
+import pytest
+
+from distenv import DistEnvError, resolve
+
+# rank 1 of 2 on one node (local rank 1 of 2), as each launcher says it.
+LAUNCHERS = {
+    "openmpi": ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+                {"rank": "OMPI_COMM_WORLD_RANK", "world_size": "OMPI_COMM_WORLD_SIZE",
+                 "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK"}),
+    "mpich": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+              {"rank": "PMI_RANK", "world_size": "PMI_SIZE", "local_rank": "MPI_LOCALRANKID"}),
+    "intelmpi": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
+                  "HYDRA_BSTRAP_NODE_ID": "0", "I_MPI_HYDRA_UUID": "u-1"},
+                 {"rank": "PMI_RANK", "node_rank": "HYDRA_BSTRAP_NODE_ID"}),
+    "mvapich2": ({"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "2",
+                  "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "2"},
+                 {"rank": "MV2_COMM_WORLD_RANK"}),
+    "pals": ({"PALS_RANKID": "1", "PMI_RANK": "1", "PMI_SIZE": "2", "PALS_LOCAL_RANKID": "1",
+              "PALS_LOCAL_SIZE": "2", "PALS_NODEID": "0"},
+             {"rank": "PALS_RANKID", "node_rank": "PALS_NODEID"}),
+    "flux": ({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2", "FLUX_TASK_LOCAL_ID": "1",
+              "FLUX_JOB_NNODES": "1", "FLUX_JOB_ID": "f1"},
+             {"rank": "FLUX_TASK_RANK", "local_rank": "FLUX_TASK_LOCAL_ID"}),
+    "lsf": ({"JSM_NAMESPACE_RANK": "1", "JSM_NAMESPACE_SIZE": "2", "JSM_NAMESPACE_LOCAL_RANK": "1",
+             "JSM_NAMESPACE_LOCAL_SIZE": "2", "LSB_JOBID": "3"},
+            {"rank": "JSM_NAMESPACE_RANK"}),
+    "slurm": ({"SLURM_JOB_ID": "8", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+               "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+               "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "vm",
+               "SLURM_STEP_TASKS_PER_NODE": "2"},
+              {"rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID", "node_rank": "SLURM_NODEID"}),
+    "horovodrun": ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
+                    "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"},
+                   {"rank": "HOROVOD_RANK", "node_rank": "HOROVOD_CROSS_RANK"}),
+    "tf_config": ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
+                                            "task": {"type": "worker", "index": 1}})},
+                  {"rank": "TF_CONFIG"}),
+}
+TRUTH = {"rank": 1, "world_size": 2, "local_rank": 1, "local_world_size": 2, "node_rank": 0}
+CANONICAL = [("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),
+             ("LOCAL_WORLD_SIZE", "local_world_size"), ("NODE_RANK", "node_rank"),
+             ("GROUP_RANK", "node_rank")]
+CASES = [(name, var, field) for name in LAUNCHERS for var, field in CANONICAL]
+
+
+@pytest.mark.parametrize("name, var, field", CASES)
+def test_canonical_variable_agreeing_passes(name, var, field):
+    env, _ = LAUNCHERS[name]
+    got = resolve(dict(env, **{var: str(TRUTH[field])}))
+    assert got.launcher == name and getattr(got, field) == TRUTH[field]
+
+
+@pytest.mark.parametrize("name, var, field", CASES)
+def test_canonical_variable_disagreeing_names_both(name, var, field):
+    env, origin = LAUNCHERS[name]
+    with pytest.raises(DistEnvError) as err:
+        resolve(dict(env, **{var: str(TRUTH[field] + 1)}))
+    text = str(err.value)
+    assert f"{var}={TRUTH[field] + 1}" in text and "contradicts" in text
+    # The launcher's own variable (or the rule the value came from) is named too.
+    why = resolve(env).provenance[field]
+    assert why in text, (why, text)
+    if field in origin:
+        assert origin[field] in text
+
+
+# -- sources that own the canonical variables: the cross-check is between their own ----------
+def test_torchrun_group_rank_vs_node_rank():
+    env = {"TORCHELASTIC_RUN_ID": "r", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+           "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
+           "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert resolve(dict(env, NODE_RANK="1")).node_rank == 1
+    with pytest.raises(DistEnvError, match="NODE_RANK=0.*GROUP_RANK=1"):
+        resolve(dict(env, NODE_RANK="0"))
+
+
+def test_deepspeed_cross_rank_vs_node_rank():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+           "CROSS_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    with pytest.raises(DistEnvError, match="NODE_RANK=0.*CROSS_RANK=1"):
+        resolve(dict(env, NODE_RANK="0"))
+
+
+def test_gcp_rank_vs_cluster_spec_task():
+    spec = json.dumps({"cluster": {"master": ["m:1"], "worker": ["w0:1", "w1:1"]},
+                       "task": {"type": "worker", "index": 1}})
+    assert resolve({"CLUSTER_SPEC": spec, "RANK": "2", "WORLD_SIZE": "3"}).node_rank == 2
+    with pytest.raises(DistEnvError, match="RANK=1 contradicts CLUSTER_SPEC"):
+        resolve({"CLUSTER_SPEC": spec, "RANK": "1", "WORLD_SIZE": "3"})
+    with pytest.raises(DistEnvError, match="WORLD_SIZE=4 contradicts CLUSTER_SPEC"):
+        resolve({"CLUSTER_SPEC": spec, "RANK": "2", "WORLD_SIZE": "4"})
+
+
+def test_kubeflow_v1_world_size_vs_pods_times_nproc():
+    env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "RANK": "1", "MASTER_ADDR": "m",
+           "MASTER_PORT": "23456"}
+    assert resolve(dict(env, WORLD_SIZE="4")).world_size == 4
+    with pytest.raises(DistEnvError, match="WORLD_SIZE=3"):
+        resolve(dict(env, WORLD_SIZE="3"))
+
+
+def test_kubeflow_pet_node_rank_vs_node_rank():
+    env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+           "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "29500"}
+    with pytest.raises(DistEnvError, match="NODE_RANK=0.*PET_NODE_RANK=1"):
+        resolve(dict(env, NODE_RANK="0"))
+
+
+def test_slurm_gtids_vs_procid():
+    env, _ = LAUNCHERS["slurm"]
+    assert resolve(dict(env, SLURM_GTIDS="0,1")).rank == 1
+    with pytest.raises(DistEnvError, match="SLURM_GTIDS"):
+        resolve(dict(env, SLURM_GTIDS="0,2"))
+
+
+def test_sagemaker_current_host_vs_hosts():
+    with pytest.raises(DistEnvError, match="SM_CURRENT_HOST"):
+        resolve({"SM_HOSTS": '["algo-1","algo-2"]', "SM_CURRENT_HOST": "algo-3"})
+
+
+def test_user_master_port_vs_platform_port_user_wins():
+    env = {"TORCHELASTIC_RUN_ID": "r", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234"}
+    assert resolve(env).master_port == 1234
+
+
+# -- documented precedence: nested launchers ---------------------------------------------------
+TORCHRUN_WORKER = {"TORCHELASTIC_RUN_ID": "r", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                   "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "n1", "MASTER_PORT": "29400"}
+
+
+@pytest.mark.parametrize("outer", ["slurm", "openmpi", "mpich", "intelmpi", "flux", "lsf", "pals"])
+def test_torchrun_inside_another_launcher_describes_the_worker(outer):
+    env = dict(LAUNCHERS[outer][0], **TORCHRUN_WORKER)
+    got = resolve(env)
+    assert (got.launcher, got.rank, got.node_rank) == ("torchrun", 3, 1)
+
+
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich", "intelmpi", "mvapich2", "pals"])
+def test_mpi_inside_slurm_ignores_the_daemon_tasks(mpi):
+    # What the ranks inherit from the srun that started MPI's daemons: task 0 of 1.
+    daemons = dict(LAUNCHERS["slurm"][0], SLURM_PROCID="0", SLURM_LOCALID="0",
+                   SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1")
+    got = resolve(dict(daemons, **LAUNCHERS[mpi][0]))
+    assert got.launcher == mpi and got.rank == 1
+
+
+def test_launcher_beats_tf_config():
+    tf = json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}})
+    got = resolve(dict(LAUNCHERS["slurm"][0], TF_CONFIG=tf))
+    assert got.launcher == "slurm" and got.rank == 1
+
+
+@pytest.mark.parametrize("platform_env, platform", [
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1"}, "kubeflow"),
+    ({"CLUSTER_SPEC": json.dumps({"cluster": {"master": ["m:1"], "worker": ["w:1"]},
+                                  "task": {"type": "worker", "index": 0}}),
+      "CLOUD_ML_JOB_ID": "j"}, "gcp"),
+    ({"SM_HOSTS": '["algo-1","algo-2"]', "SM_CURRENT_HOST": "algo-2"}, "sagemaker"),
+    ({"AZ_BATCH_MASTER_NODE": "10.0.0.4:6105", "AZUREML_RUN_ID": "x"}, "azureml"),
+])
+def test_torchrun_on_a_platform_describes_the_worker_and_names_the_platform(platform_env, platform):
+    got = resolve(dict(platform_env, **TORCHRUN_WORKER))
+    assert (got.launcher, got.platform, got.rank) == ("torchrun", platform, 3)
+
+
+def test_gcp_rank_beats_tf_config_and_tf_config_alone_is_per_process():
+    spec = {"cluster": {"master": ["m:1"], "worker": ["w:1"]}, "task": {"type": "worker", "index": 0}}
+    tf = json.dumps({"cluster": {"chief": ["m:1"], "worker": ["w:1"]},
+                     "task": {"type": "worker", "index": 0}})
+    both = {"CLUSTER_SPEC": json.dumps(spec), "TF_CONFIG": tf}
+    assert resolve(dict(both, RANK="1", WORLD_SIZE="2")).launcher == "gcp"
+    assert resolve(both).launcher == "tf_config"
+
+
+def test_azure_overlay_agrees_with_open_mpi():
+    env = dict(LAUNCHERS["openmpi"][0], AZ_BATCHAI_MPI_MASTER_NODE="10.0.0.4", AZUREML_RUN_ID="x")
+    got = resolve(env)
+    assert (got.launcher, got.platform, got.master_addr) == ("openmpi", "azureml", "10.0.0.4")
