@@ -41,11 +41,12 @@ LIGHTNING_PY = os.environ.get("DISTENV_PY_LIGHTNING") or os.path.join(ROOT, ".ve
 DDP = os.path.join(ROOT, "examples", "pytorch_ddp.py")
 TRAINER = os.path.join(ROOT, "examples", "lightning_trainer.py")
 
+# Each rank writes one line in one write() (ranks share the launcher's pipe).
+DONE = "import sys; sys.stdout.write('{\"t_done\": %r}\\n' % time.time())"
 FIRST_DISTENV = ("import time, torch, distenv.torch; distenv.torch.init_process_group(); "
-                 "torch.distributed.all_reduce(torch.ones(1)); "
-                 "print('{\"t_done\": %r}' % time.time(), flush=True)")
+                 "torch.distributed.all_reduce(torch.ones(1)); " + DONE)
 FIRST_TORCH = ("import time, torch, torch.distributed as d; d.init_process_group('gloo'); "
-               "d.all_reduce(torch.ones(1)); print('{\"t_done\": %r}' % time.time(), flush=True)")
+               "d.all_reduce(torch.ones(1)); " + DONE)
 
 STRIP_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC_", "HYDRA_", "PET_")
 STRIP = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -66,14 +67,13 @@ def launch(which: str, n: int, cmd: list, timeout: int = 600) -> "tuple[float, l
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT,
                        stdin=subprocess.DEVNULL)
-    records = []
-    for line in p.stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                pass
+    records, dec, i = [], json.JSONDecoder(), 0
+    while (i := p.stdout.find("{", i)) >= 0:  # ranks sharing a pipe may glue their lines
+        try:
+            obj, i = dec.raw_decode(p.stdout, i)
+            records.append(obj)
+        except ValueError:
+            i += 1
     if p.returncode != 0 or not records:
         raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return t0, records

@@ -155,7 +155,7 @@ def main():
         everyone = [mine]
     if trainer.global_rank == 0:
         env = trainer.strategy.cluster_environment if hasattr(trainer.strategy, "cluster_environment") else None
-        print(json.dumps({
+        sys.stdout.write(json.dumps({
             "example": "lightning_trainer", "package": args.package, "plugin": not args.no_plugin,
             "environment": type(env).__name__ if env is not None else None,
             "strategy": type(trainer.strategy).__name__,
@@ -169,7 +169,8 @@ def main():
             "hosts": [r["host"] for r in everyone], "pids": [r["pid"] for r in everyone],
             "steps": trainer.global_step, "train_seconds": seconds,
             "t_start": T_START, "t_first_step": max(r["t_first_step"] for r in everyone),
-        }), flush=True)
+        }) + "\n")  # one write: ranks sharing a pipe cannot split it
+        sys.stdout.flush()
     sys.stdout.flush()
 
 

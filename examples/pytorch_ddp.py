@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 
 T_START = time.time()
@@ -102,7 +103,7 @@ def main():
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
-        print(json.dumps({
+        sys.stdout.write(json.dumps({
             "example": "pytorch_ddp", "launcher": env.launcher, "launch": env.launch,
             "world_size": world, "backend": dist.get_backend(),
             "final_loss": final_loss, "checksum": mine["checksum"],
@@ -114,7 +115,8 @@ def main():
             "steps": steps, "train_seconds": seconds, "steps_per_s": steps / seconds,
             "t_start": T_START, "t_init": t_init,
             "t_first_step": max(r["t_first_step"] for r in everyone),
-        }), flush=True)
+        }) + "\n")  # one write: ranks sharing a pipe cannot split it
+        sys.stdout.flush()
     dist.destroy_process_group()
 
 
