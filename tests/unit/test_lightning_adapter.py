@@ -179,3 +179,36 @@ def test_each_package_base_class_accepts_the_plugin(no_gpus, module):
     assert isinstance(env, base)
     missing = [name for name in base.__abstractmethods__ if not hasattr(env, name)]
     assert missing == []
+
+
+# -- documented platforms: the cases where users hand-compute NODE_RANK and get it wrong ----------
+PLATFORMS = os.path.join(HERE, "..", "fixtures", "platforms")
+PLATFORM_CASES = sorted(f for f in os.listdir(PLATFORMS) if f.endswith(".json"))
+
+
+@pytest.mark.parametrize("name", PLATFORM_CASES, ids=[f[:-5] for f in PLATFORM_CASES])
+def test_documented_platforms(fake_gpus, name):
+    with open(os.path.join(PLATFORMS, name)) as f:
+        case = json.load(f)
+    fake_gpus(case.get("gpus", 0))
+    want = case["expected"]
+    if "error" in want or want.get("world_size") is None or want.get("launch") is None:
+        pytest.skip("not a complete training launch (an error or a parameter server)")
+    environ = dict(case["env"])
+    env = DistenvEnvironment(environ=environ)
+    if want["launch"] == "per-node":
+        # Azure ML per-node MPI, Kubeflow/Vertex node-level RANK: Lightning starts the workers
+        # of this node with the node rank -- never RANK taken as a global rank.
+        assert env.creates_processes_externally is False
+        assert env.node_rank() == want["node_rank"]
+        assert trainer_kwargs(environ=environ) == {"devices": want["nproc_per_node"],
+                                                   "num_nodes": want["num_nodes"]}
+        assert env.world_size() == want["world_size"]
+    else:
+        # A lone process (no launcher) is one node on which Lightning may start workers.
+        assert env.creates_processes_externally is (env.env.launcher != "none")
+        assert (env.global_rank(), env.world_size()) == (want["rank"], want["world_size"])
+        if want.get("local_rank") is not None:
+            assert env.local_rank() == want["local_rank"]
+    if want.get("master_addr"):
+        assert env.main_address == want["master_addr"]
