@@ -224,6 +224,23 @@ class DistenvEnvironment:
                 ("RANK", self._env.rank), ("WORLD_SIZE", self._env.world_size)) if v is None]))
         _register()
 
+    def __getstate__(self):
+        # Picklable for spawn-based strategies: os.environ is the child's own there, and a
+        # DistEnv (frozen, slotted) travels as its values.
+        state = dict(self.__dict__)
+        if state["_environ"] is os.environ:
+            state["_environ"] = None
+        e = state["_env"]
+        state["_env"] = (e.to_dict(), dict(e.provenance), tuple(e.notes))
+        return state
+
+    def __setstate__(self, state):
+        values, why, notes = state.pop("_env")
+        self.__dict__.update(state)
+        self._env = DistEnv(values, why, notes)
+        if self._environ is None:
+            self._environ = os.environ
+
     # -- distenv's view --------------------------------------------------------------------------
     @property
     def env(self) -> DistEnv:

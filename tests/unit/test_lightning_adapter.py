@@ -212,3 +212,13 @@ def test_documented_platforms(fake_gpus, name):
             assert env.local_rank() == want["local_rank"]
     if want.get("master_addr"):
         assert env.main_address == want["master_addr"]
+
+
+def test_plugin_pickles_for_spawn_strategies(no_gpus):
+    import pickle
+
+    env = DistenvEnvironment()
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.env == env.env and copy._environ is os.environ
+    given = DistenvEnvironment(environ=ranks("openmpi4-np2")[1])
+    assert pickle.loads(pickle.dumps(given)).global_rank() == 1
