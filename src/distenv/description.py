@@ -72,6 +72,10 @@ class DistEnv:
             return NotImplemented
         return all(getattr(self, f) == getattr(other, f) for f in FIELDS)
 
+    def __reduce__(self):
+        # Frozen slots defeat pickle's default setattr path; rebuild through __init__.
+        return (DistEnv, (self.to_dict(), self.provenance, self.notes))
+
     def __hash__(self):
         return hash(tuple(getattr(self, f) for f in FIELDS))
 

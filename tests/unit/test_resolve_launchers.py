@@ -324,3 +324,16 @@ def test_openmpi5_mpirun_outside_the_job_gives_no_master():
                PMIX_SERVER_URI4="prterun-vm-31601@0.1;tcp4://127.0.0.1:45067")
     got = resolve(env)
     assert got.master_addr is None and any("MASTER_ADDR" in n for n in got.notes)
+
+
+def test_distenv_pickles_and_copies():
+    import copy
+    import pickle
+
+    env = resolve({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
+                   "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+                   "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "vm",
+                   "SLURM_STEP_TASKS_PER_NODE": "2"})
+    back = pickle.loads(pickle.dumps(env))
+    assert back == env and back.provenance == env.provenance and back.hosts == ("vm",)
+    assert copy.deepcopy(env) == env
