@@ -112,3 +112,44 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "jobs(*names): launcher jobs this e2e test reads (tests/e2e/launch_pool.py)")
+
+
+# -- tests/reliability: the same rule ---------------------------------------------------------
+# DISTENV_REQUIRE_LAUNCHERS=1 turns every skip in tests/reliability (a missing launcher, SLURM,
+# torch, root) into a failure too, reported as FAILED also when a fixture raised it.
+RELIABILITY_DIR = os.path.join(ROOT, "tests", "reliability")
+
+
+class _RequireInReliability:
+    @staticmethod
+    def _here(path) -> bool:
+        return os.path.abspath(str(path)).startswith(RELIABILITY_DIR + os.sep)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        rep = outcome.get_result()
+        if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or \
+                not self._here(getattr(item, "path", None) or item.fspath):
+            return
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 \
+            else rep.longrepr
+        rep.outcome = "failed"
+        rep.longrepr = (f"DISTENV_REQUIRE_LAUNCHERS=1 makes this skip ({rep.when} phase) a "
+                        f"failure: {reason}")
+        rep.user_properties.append(("distenv_required_skip", rep.when))
+
+    def pytest_report_teststatus(self, report, config):
+        if report.when == "setup" and report.failed and self._here(report.fspath) and \
+                ("distenv_required_skip", "setup") in report.user_properties:
+            return "failed", "F", "FAILED"
+        return None
+
+
+_configure_before_reliability = pytest_configure
+
+
+def pytest_configure(config):  # noqa: F811 - extends the one above
+    _configure_before_reliability(config)
+    if not config.pluginmanager.has_plugin("distenv-require-in-reliability"):
+        config.pluginmanager.register(_RequireInReliability(), "distenv-require-in-reliability")
