@@ -207,29 +207,37 @@ def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> 
     return env
 
 
+_generation = 0  # init_process_group calls in this process: keeps each rendezvous's keys apart
+
+
 def _rendezvous(env: DistEnv, wait: datetime.timedelta):
-    """The TCPStore every rank joins; rank 0 hosts it and waits for all the others."""
+    """The TCPStore every rank joins; rank 0 hosts it. Every rank then announces itself and
+    waits for all the others, at most `wait` in all: a rank that never comes (dead, hung,
+    never started) is named in the error on every rank that did come -- also under torchrun,
+    where the agent hosts the store and no rank would otherwise wait before gloo's
+    (30-minute) connection timeout."""
+    import time
+
     from torch.distributed import TCPStore
 
+    global _generation
+    _generation += 1
+    start = time.monotonic()
     addr, port, size = env.master_addr, env.master_port, env.world_size
     where = f"{addr}:{port} ({env.provenance.get('master_addr', '')}; " \
             f"port: {env.provenance.get('master_port', '')})"
+    seconds = int(wait.total_seconds())
     # Under torchrun the agent already hosts the store at MASTER_ADDR:MASTER_PORT: every
     # rank is a client there (torch's env:// does the same).
     host = env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     try:
-        store = TCPStore(addr, port, size, host, timeout=wait, wait_for_workers=True,
+        store = TCPStore(addr, port, size, host, timeout=wait, wait_for_workers=False,
                          multi_tenant=True)
     except Exception as exc:  # torch raises DistNetworkError/DistStoreError/RuntimeError
         text = " ".join(str(exc).split())
-        seconds = int(wait.total_seconds())
         if env.rank == 0 and "in use" in text.lower():
             fix = (f"port {port} on {addr} is taken (another job?). Fix: set MASTER_PORT to a "
                    "free port on every rank")
-        elif env.rank == 0:
-            fix = (f"rank 0 waited {seconds} s at {where} for {size - 1} other rank(s), and not "
-                   f"all came. Check that the launcher started {size} processes and that each "
-                   f"reaches {addr}; set DISTENV_TIMEOUT=<seconds> to wait longer")
         else:
             fix = (f"rank {env.rank} could not reach rank 0's store at {where} within "
                    f"{seconds} s. Check that rank 0 started and that {addr} is rank 0's host, "
@@ -237,6 +245,38 @@ def _rendezvous(env: DistEnv, wait: datetime.timedelta):
                    "to wait longer")
         raise RendezvousError(f"distenv.torch: rendezvous of {size} ranks failed: {fix}. "
                               f"torch said: {text[:300]}") from None
+
+    import socket
+
+    prefix = (f"distenv/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')}/"
+              f"{_generation}/")
+    try:
+        store.set(f"{prefix}rank/{env.rank}", socket.gethostname())
+        if store.add(f"{prefix}count", 1) >= size:
+            store.set(f"{prefix}all", "1")
+        left = wait - datetime.timedelta(seconds=time.monotonic() - start)
+        store.wait([f"{prefix}all"], max(left, datetime.timedelta(seconds=1)))
+    except Exception as exc:  # the wait timed out, or rank 0 (the store) went away
+        text = " ".join(str(exc).split())
+        try:
+            came = {r: store.get(f"{prefix}rank/{r}").decode(errors="replace")
+                    for r in range(size) if store.check([f"{prefix}rank/{r}"])}
+        except Exception:  # noqa: BLE001 - the store itself is gone (rank 0 died)
+            raise RendezvousError(
+                f"distenv.torch: rendezvous of {size} ranks failed: rank {env.rank} lost rank "
+                f"0's store at {where} while waiting for the other ranks (rank 0 ended?). "
+                f"torch said: {text[:300]}") from None
+        missing = [r for r in range(size) if r not in came]
+        shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)"
+                                                     if len(missing) > 20 else "")
+        hosts = sorted(set(came.values()))
+        raise RendezvousError(
+            f"distenv.torch: rendezvous of {size} ranks failed: rank {env.rank} waited "
+            f"{seconds} s at {where}; rank(s) {shown} never joined ({len(came)} of {size} "
+            f"did, on {', '.join(hosts[:8])}{', ...' if len(hosts) > 8 else ''}). Check that "
+            f"the launcher started {size} processes, that none of them died or hangs before "
+            f"init_process_group, and that each reaches {addr}; set DISTENV_TIMEOUT=<seconds> "
+            f"to wait longer. torch said: {text[:200]}") from None
     return store
 
 
