@@ -17,6 +17,8 @@ $JOB_INIT_TIMEOUT (seconds), if set, is passed as init_process_group(timeout=...
     fail-once       under torchrun: rank $JOB_VICTIM exits 1 in the first attempt
                     (TORCHELASTIC_RESTART_COUNT=0); every rank of the next attempt does
                     `allreduce`
+    fail-once-after as fail-once, but the victim fails after the first attempt's
+                    rendezvous and all_reduce (a crash during training)
 
 Prints one record after the marker ``DISTENV-PROBE `` (whatever happens): hostname, pid,
 mode, resolved fields and notes, restart count, ok, sum, error (type: message), seconds
@@ -105,6 +107,10 @@ def main(mode: str) -> int:
             size = dist.get_world_size()
             out.update(sum=int(t.item()), world_size=size,
                        ok=int(t.item()) == size * (size + 1) // 2 and dist.get_rank() == env.rank)
+            if mode == "fail-once-after" and is_victim and out["restart_count"] == "0":
+                out.update(victim=True, exit=1)
+                emit(out)
+                os._exit(1)
         finally:
             if mode != "hang-collective":
                 dist.destroy_process_group()
