@@ -12,6 +12,8 @@ def _show(args) -> int:
     from .resolver import resolve
 
     env = resolve()
+    if any(isinstance(v, str) and ("@" in v or "=" in v or "_" in v) for v in _strings(env)):
+        env = _redacted(env)  # a launcher value that looks like a secret is never printed
     if args.json:
         import json
 
@@ -27,6 +29,29 @@ def _show(args) -> int:
         for note in env.notes:
             print(f"note: {note}")
     return 0
+
+
+def _strings(env):
+    yield from (getattr(env, f) for f in ("launcher", "platform", "master_addr", "job_id"))
+    yield from env.hosts or ()
+    yield from env.provenance.values()
+    yield from env.notes
+
+
+def _redacted(env):
+    from .description import FIELDS, DistEnv
+    from .redact import redact_text
+
+    def clean(value):
+        if isinstance(value, str):
+            return redact_text(value)
+        if isinstance(value, tuple):
+            return tuple(redact_text(v) for v in value)
+        return value
+
+    values = {f: clean(getattr(env, f)) for f in FIELDS}
+    return DistEnv(values, {k: redact_text(v) for k, v in env.provenance.items()},
+                   [redact_text(n) for n in env.notes])
 
 
 def _export(args) -> int:

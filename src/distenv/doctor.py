@@ -500,6 +500,11 @@ def diagnose(environ=None, probe: bool = False, timeout: float = 2.0) -> dict:
         out["launch"] = env.to_dict()
         if out["launch"]["master_addr"] is not None:
             out["launch"]["master_addr"] = redact_text(out["launch"]["master_addr"])
+        for key in ("job_id", "launcher", "platform"):
+            if isinstance(out["launch"].get(key), str):
+                out["launch"][key] = redact_text(out["launch"][key])
+        if out["launch"].get("hosts"):
+            out["launch"]["hosts"] = [redact_text(h) for h in out["launch"]["hosts"]]
         out["provenance"] = {k: redact_text(v) for k, v in env.provenance.items()}
         out["notes"] = [redact_text(n) for n in env.notes]
         _check_launch(rep, env, environ)

@@ -1,16 +1,26 @@
 """The one exception distenv raises for a launch it cannot describe truthfully."""
 
+#: Longest message: a garbage value of megabytes must not become a megabyte log line.
+MAX_MESSAGE = 2000
+
 
 class DistEnvError(ValueError):
     """A malformed, contradictory or incomplete launch environment.
 
     The message names the variable(s), their value(s) and what to do. It is always one
-    line: values from the environment are shown with control characters escaped, so a
-    garbage value cannot break a log line or forge another.
+    printable line of at most MAX_MESSAGE characters, with anything that looks like a secret
+    (credentials in an address, tokens) redacted: values come from the environment and the
+    message ends up in logs.
     """
 
     def __init__(self, message: str = ""):
         text = str(message)
         if not text.isprintable():
             text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+        if len(text) > MAX_MESSAGE:
+            text = text[: MAX_MESSAGE - 30] + f"... <{len(text)} chars>"
+        if "@" in text or "=" in text or "_" in text:
+            from .redact import redact_text  # lazy: only on the error path
+
+            text = redact_text(text)
         super().__init__(text)

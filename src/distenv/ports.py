@@ -3,7 +3,8 @@
 1. An explicit value wins: ``resolve(master_port=...)``, then ``MASTER_PORT`` from the
    environment (the user's, or the launcher's, e.g. torchrun, Kubeflow, Azure ML).
 2. Otherwise a port derived from the job's identity (SLURM job and step id, the Open MPI
-   job id, PMIx namespace, Flux/LSF/PBS job id, ...): ``BASE + fnv1a(key) % SPAN``.
+   job id, PMIx namespace, Flux/LSF/PBS job id, ...): ``BASE + fnv1a(key) % SPAN``
+   (FNV-1a with a final avalanche mix).
    Every rank of a job sees the same key; two jobs on one machine almost never do.
 3. A single process with no job id derives its port from its process id (it has no peer
    to agree with, and two single-process runs on one machine must not collide).
@@ -21,10 +22,17 @@ TORCH_DEFAULT = 29500
 
 
 def fnv1a(text: str) -> int:
-    """32-bit FNV-1a: tiny, stable across Python runs (unlike hash())."""
+    """32-bit FNV-1a with murmur3's final mix: tiny, stable across Python runs (unlike
+    hash()). The mix matters: plain FNV-1a's low bit is the parity of the bytes, so keys
+    of one shape (Open MPI job ids) all landed on odd ports."""
     h = 0x811C9DC5
     for byte in text.encode("utf-8", "surrogatepass"):
         h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
     return h
 
 

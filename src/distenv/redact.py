@@ -76,6 +76,9 @@ def _patterns():
             # scheme://user:password@host  ->  scheme://user:<redacted>@host
             (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/@'\"]*):([^\s@/'\"]+)@"),
              lambda m: f"{m.group(1)}:{MASK}@"),
+            # user:password@host without a scheme (a MASTER_ADDR, a host list fragment)
+            (re.compile(r"(?<![A-Za-z0-9+.\-])([A-Za-z0-9._~\-]+):([^\s@/'\":]+)@(?=[A-Za-z0-9\[])"),
+             lambda m: f"{m.group(1)}:{MASK}@"),
             # scheme://token@host (a bare secret as the user part of a URL)
             (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)((?:hf_|ghp_|gho_|ghs_|github_pat_|glpat-|"
                         r"sk-|xox[abposr]-)[^\s@/'\"]+)@"),

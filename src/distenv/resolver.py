@@ -388,6 +388,21 @@ def _check_invariants(r):
     if hosts is not None and nodes is not None and len(hosts) != nodes:
         _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
     addr = v.get("master_addr")
-    if addr is not None and (type(addr) is not str or not addr.strip() or not addr.isprintable()
-                             or " " in addr):
+    if addr is not None and not _is_host(addr):
         _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
+
+
+def _is_host(addr) -> bool:
+    """A host name, IPv4 or IPv6 address: no URL, no user@, no port, no space."""
+    if type(addr) is not str or not addr or not addr.isprintable() or len(addr) > 255:
+        return False
+    if any(c in addr for c in " /@?#"):
+        return False
+    if ":" in addr:  # only an IPv6 address may hold colons
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(addr.strip("[]").split("%", 1)[0])
+        except ValueError:
+            return False
+    return True

@@ -434,29 +434,7 @@ def test_mutated_recordings_resolve_or_raise_distenverror(no_gpus_session):
 
 # -- known resolver bugs: strict xfails (fixed -> XPASS fails -> drop the entry) --------------
 #: name -> (regex on the problem `outcome()` reports, seed, ops reproducing it, why/fix).
-KNOWN_BUGS = {
-    "openmpi-int-escapes": (
-        r"^ValueError escaped resolve\(\) at openmpi\.py in (read|_hnp_hosts_rank0):",
-        "launchers/cluster-openmpi4-2x2.json#2",
-        [("set", "OMPI_MCA_ess_base_num_procs", "²")],
-        "sources/openmpi.py tests str.isdigit() then int(): '²' or a 5000-digit value raises a "
-        "plain ValueError (OMPI_MCA_ess_base_num_procs, the vpid of "
-        "OMPI_MCA_orte_local_daemon_uri). Fix: isascii() and isdigit() and len() <= 12."),
-    "openmpi-vpid-escapes": (
-        r"^ValueError escaped resolve\(\) at openmpi\.py in (read|_hnp_hosts_rank0):",
-        "launchers/cluster-openmpi4-2x2.json#2",
-        [("set", "OMPI_MCA_orte_local_daemon_uri", "888537088." + "9" * 5000 + ";tcp://10.213.77.12:1")],
-        "as above, for the daemon vpid"),
-    "long-error-messages": (
-        r"^DistEnvError breaks a promise: DistEnvError of [0-9]+ characters",
-        "launchers/cluster-srun-2x2.json#1",
-        [("set", "SLURM_GTIDS", "x" * 50000)],
-        "values quoted with !r instead of reading.show() (resolver._choose: DISTENV_LAUNCHER; "
-        "sources/slurm.py: SLURM_GTIDS; sources/plain.py: RANK/WORLD_SIZE; sources/tfconfig.py "
-        "and sources/gcp.py: task index/type, cluster kind), and provenance strings that hold "
-        "whole values (resolver._check_invariants: 'local_world_size=3000 (SLURM_GTIDS=...)'): "
-        "a 50000-character message. Fix: cap the message in DistEnvError.__init__."),
-}
+KNOWN_BUGS: dict = {}  # fixed: strict ASCII digits in sources/openmpi.py, capped messages
 
 
 def known_bug(problem: str):

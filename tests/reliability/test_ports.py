@@ -66,14 +66,7 @@ def _families():
 
 
 FAMILIES = _families()
-KNOWN_BUGS = {
-    "openmpi4-families": (
-        "FNV-1a's lowest bit is the XOR of the key bytes' lowest bits; Open MPI 4's key holds "
-        "<family<<16> and <family<<16>+1, so the parity is fixed and only the 5000 odd ports "
-        "(mod 16: 1,3,...,15) occur: 2.3x the collision rate. Fix: distenv.ports.port_for = "
-        "BASE + fmix32(fnv1a(key)) % SPAN (murmur3's finalizer: 9988 of 10000 ports, "
-        "uniform), a documented rule change"),
-}
+KNOWN_BUGS: dict = {}  # fixed: fnv1a ends with murmur3's finalizer (uniform low bits)
 
 
 def _marks(name):

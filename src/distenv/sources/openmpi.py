@@ -15,6 +15,11 @@ from . import Source
 from ._common import read_counts
 
 
+def _small_int(text: str) -> bool:
+    """ASCII digits of sane length (str.isdigit() accepts '²', and int() of 5000 digits fails)."""
+    return text.isascii() and text.isdigit() and len(text) <= 12
+
+
 def hnp_address(uri: str) -> "str | None":
     """The first IPv4 address in '<jobfam>.0;tcp://a,b:port;tcp6://[..]:port'."""
     for part in uri.split(";"):
@@ -60,7 +65,7 @@ class OpenMPI(Source):
             daemon = env.get("OMPI_MCA_orte_local_daemon_uri", "").split(";", 1)[0]
             daemons = env.get("OMPI_MCA_ess_base_num_procs", "")
             nodes = r.get("num_nodes")
-            if daemons.isdigit() and nodes is not None and int(daemons) > nodes:
+            if _small_int(daemons) and nodes is not None and int(daemons) > nodes:
                 # More daemons than nodes with ranks (measured: set on ranks started by a
                 # remote daemon): mpirun runs a daemon on a host that has no rank.
                 self._not_on_mpirun_host(r, "OMPI_MCA_ess_base_num_procs > OMPI_MCA_orte_num_nodes")
@@ -92,7 +97,7 @@ class OpenMPI(Source):
         if not daemon or "." not in daemon:
             return True
         job, _, vpid = daemon.rpartition(".")
-        if not vpid.isdigit():
+        if not _small_int(vpid):
             return True
         nodes = r.get("num_nodes")
         if (r.get("rank") == 0 and daemon != hnp) or (nodes is not None and int(vpid) >= nodes):
