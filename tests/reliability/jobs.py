@@ -31,6 +31,9 @@ RANK_JOB = str(HERE / "rank_job.py")
 PY = sys.executable
 FAMILY = {"openmpi4": "openmpi", "openmpi5": "openmpi", "mpich4": "hydra", "mpich5": "hydra",
           "intelmpi": "hydra", "slurm": "slurm", "torchrun": "torchrun"}
+#: distenv's `launcher` field under each
+EXPECT = {"openmpi4": "openmpi", "openmpi5": "openmpi", "mpich4": "mpich", "mpich5": "mpich",
+          "intelmpi": "intelmpi", "slurm": "slurm", "torchrun": "torchrun"}
 
 
 def local(launcher: str, n: int, *flags: str) -> Layout:
@@ -42,7 +45,7 @@ def local(launcher: str, n: int, *flags: str) -> Layout:
     else:
         argv = harness.one_node(launcher, n, *flags)
     return Layout(launcher, f"np{n}", "slurm1" if launcher == "slurm" else "local", n,
-                  FAMILY[launcher], launcher, argv, (harness.LOCALHOST,),
+                  FAMILY[launcher], EXPECT[launcher], argv, (harness.LOCALHOST,),
                   torch=launcher == "torchrun")
 
 
