@@ -327,8 +327,10 @@ def _alarm(signum, frame):
 def resolve_bounded(env):
     """resolve(env) -> DistEnv or DistEnvError instance; anything else propagates. Fails if it
     took longer than PER_EXAMPLE_SECONDS; interrupts it after HANG_SECONDS."""
+    # pytest-timeout (signal method) may have its own alarm running: ours must not cancel it.
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, min(HANG_SECONDS, outer) if outer else HANG_SECONDS)
     t0 = time.perf_counter()
     try:
         try:
@@ -338,6 +340,8 @@ def resolve_bounded(env):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.perf_counter() - t0), 0.001))
     took = time.perf_counter() - t0
     assert took < PER_EXAMPLE_SECONDS, f"resolve() took {took:.2f} s"
     return result
