@@ -17,10 +17,10 @@ class DistEnvError(ValueError):
         text = str(message)
         if not text.isprintable():
             text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-        if len(text) > MAX_MESSAGE:
-            text = text[: MAX_MESSAGE - 30] + f"... <{len(text)} chars>"
         if "@" in text or "=" in text or "_" in text:
             from .redact import redact_text  # lazy: only on the error path
 
-            text = redact_text(text)
+            text = redact_text(text)  # before the cut, which could split a secret in half
+        if len(text) > MAX_MESSAGE:
+            text = text[: MAX_MESSAGE - 30] + f"... <{len(text)} chars>"
         super().__init__(text)

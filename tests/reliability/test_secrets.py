@@ -206,10 +206,6 @@ def test_distenv_auto_error_line_is_redacted():
 
 
 @pytest.mark.parametrize("at", [5, 12])
-@pytest.mark.xfail(strict=True, reason=(
-    "errors.DistEnvError.__init__ cuts the message at MAX_MESSAGE *before* redacting: a cut "
-    "between 'user:' and '@' leaves the start of the password where no pattern matches it. "
-    "Fix: redact first, then cut (swap the two blocks)"))
 def test_the_length_cap_never_cuts_a_secret_in_half(at):
     from distenv.errors import MAX_MESSAGE
 
