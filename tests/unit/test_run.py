@@ -312,10 +312,11 @@ def _one_node_layouts():
 
 @pytest.mark.launcher
 @pytest.mark.parametrize("launcher", ["openmpi4", "openmpi5", "mpich4", "slurm"])
-def test_per_node_one_node_under_a_launcher(launcher):
+def test_per_node_one_node_under_a_launcher(launcher, request):
     h = _harness()
     lay = _one_node_layouts()[launcher]
     if launcher == "slurm":
+        request.getfixturevalue("slurm1")  # the shared session fixture starts SLURM if needed
         from integrations import launchers as table
 
         if not table._slurm_up():
@@ -331,7 +332,7 @@ def test_per_node_one_node_under_a_launcher(launcher):
 @pytest.mark.launcher
 @pytest.mark.cluster
 @pytest.mark.parametrize("launcher", ["openmpi4", "openmpi5"])
-def test_per_node_two_nodes_two_workers_each(launcher):
+def test_per_node_two_nodes_two_workers_each(launcher, cluster):
     """mpirun --map-by ppr:1:node over the two namespace nodes, `distenv run --nproc-per-node 2`:
     4 workers, ranks 0-1 on node1 and 2-3 on node2, a gloo all_reduce across the nodes."""
     h = _harness()
