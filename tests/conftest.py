@@ -75,6 +75,16 @@ except Exception as _exc:  # keep tests/unit runnable whatever happens to tests/
 E2E_DIR = os.path.join(ROOT, "tests", "e2e")
 _E2E_REQUIRE = os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("", "0")
 
+# DISTENV_REQUIRE_LAUNCHERS=1 (set by .ci/run): in these directories a skip -- a missing
+# launcher, framework venv, root, SLURM or the namespace cluster -- is a failure, reported as
+# FAILED also when a fixture raised it. tests/unit keeps ordinary skips.
+REQUIRED_DIRS = tuple(os.path.join(ROOT, "tests", d) + os.sep
+                      for d in ("integration", "e2e", "templates", "reliability"))
+
+
+def _required(path) -> bool:
+    return os.path.abspath(str(path)).startswith(REQUIRED_DIRS)
+
 
 def _in_e2e(item) -> bool:
     return os.path.abspath(str(getattr(item, "path", None) or item.fspath)).startswith(E2E_DIR + os.sep)
@@ -84,7 +94,8 @@ def _in_e2e(item) -> bool:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or not _in_e2e(item):
+    if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or \
+            not _required(getattr(item, "path", None) or item.fspath):
         return
     reason = rep.longrepr
     if isinstance(reason, tuple) and len(reason) == 3:
@@ -96,9 +107,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_report_teststatus(report, config):
-    if report.when == "setup" and report.failed and \
-            ("distenv_required_skip", "setup") in report.user_properties and \
-            os.path.abspath(str(report.fspath)).startswith(E2E_DIR + os.sep):
+    if report.when == "setup" and report.failed and _required(report.fspath) and \
+            ("distenv_required_skip", "setup") in report.user_properties:
         return "failed", "F", "FAILED"
     return None
 
@@ -112,44 +122,3 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "jobs(*names): launcher jobs this e2e test reads (tests/e2e/launch_pool.py)")
-
-
-# -- tests/reliability: the same rule ---------------------------------------------------------
-# DISTENV_REQUIRE_LAUNCHERS=1 turns every skip in tests/reliability (a missing launcher, SLURM,
-# torch, root) into a failure too, reported as FAILED also when a fixture raised it.
-RELIABILITY_DIR = os.path.join(ROOT, "tests", "reliability")
-
-
-class _RequireInReliability:
-    @staticmethod
-    def _here(path) -> bool:
-        return os.path.abspath(str(path)).startswith(RELIABILITY_DIR + os.sep)
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item, call):
-        outcome = yield
-        rep = outcome.get_result()
-        if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or \
-                not self._here(getattr(item, "path", None) or item.fspath):
-            return
-        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 \
-            else rep.longrepr
-        rep.outcome = "failed"
-        rep.longrepr = (f"DISTENV_REQUIRE_LAUNCHERS=1 makes this skip ({rep.when} phase) a "
-                        f"failure: {reason}")
-        rep.user_properties.append(("distenv_required_skip", rep.when))
-
-    def pytest_report_teststatus(self, report, config):
-        if report.when == "setup" and report.failed and self._here(report.fspath) and \
-                ("distenv_required_skip", "setup") in report.user_properties:
-            return "failed", "F", "FAILED"
-        return None
-
-
-_configure_before_reliability = pytest_configure
-
-
-def pytest_configure(config):  # noqa: F811 - extends the one above
-    _configure_before_reliability(config)
-    if not config.pluginmanager.has_plugin("distenv-require-in-reliability"):
-        config.pluginmanager.register(_RequireInReliability(), "distenv-require-in-reliability")

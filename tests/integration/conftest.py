@@ -17,7 +17,7 @@ file, and down.sh kills whatever still runs inside the namespaces.
 Each fixture skips with the reason when it cannot work here (not root, no network
 namespaces, SLURM not installed, ...); `layout_records`/`need` skip when a launcher is not
 installed. With DISTENV_REQUIRE_LAUNCHERS=1 every such skip in tests/integration is a
-failure instead (pytest_runtest_makereport below; it also catches skips raised in fixtures
+failure instead (the hook in tests/conftest.py; it also catches skips raised in fixtures
 and by skip marks, in the setup phase, and reports them as FAILED, not ERROR).
 """
 from __future__ import annotations
@@ -39,41 +39,16 @@ if str(HERE) not in sys.path:
 
 import harness  # noqa: E402
 
-REQUIRE = os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("", "0")
 SLURM_DIR = harness.REPO / "integrations" / "slurm"
 CLUSTER_DIR = harness.CLUSTER
 
 
-# -- DISTENV_REQUIRE_LAUNCHERS=1: a skip is a failure ----------------------------------------
+# DISTENV_REQUIRE_LAUNCHERS=1 (skip -> failure) is applied by tests/conftest.py.
 def _under_here(item) -> bool:
     try:
         return HERE in Path(str(item.path)).resolve().parents
     except AttributeError:  # pragma: no cover - pytest < 7
         return HERE in Path(str(item.fspath)).resolve().parents
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    if not REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or not _under_here(item):
-        return
-    reason = rep.longrepr
-    if isinstance(reason, tuple) and len(reason) == 3:
-        reason = reason[2]
-    rep.outcome = "failed"
-    rep.longrepr = (f"DISTENV_REQUIRE_LAUNCHERS=1 makes this skip ({rep.when} phase) a "
-                    f"failure: {reason}")
-    rep.user_properties.append(("distenv_required_skip", rep.when))
-
-
-def pytest_report_teststatus(report, config):
-    """A converted skip counts as FAILED, also when a fixture raised it (setup phase),
-    where pytest would otherwise say ERROR."""
-    if report.when == "setup" and report.failed and \
-            ("distenv_required_skip", "setup") in report.user_properties:
-        return "failed", "F", "FAILED"
-    return None
 
 
 def pytest_collection_modifyitems(config, items):

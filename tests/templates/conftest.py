@@ -6,11 +6,9 @@ own)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
 INTEGRATION = HERE.parent / "integration"
@@ -18,7 +16,6 @@ for p in (HERE, INTEGRATION):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-REQUIRE = os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("", "0")
 
 
 def _load_integration_conftest():
@@ -43,24 +40,4 @@ slurm1 = _itest.slurm1
 cluster = _itest.cluster
 slurm2 = _itest.slurm2
 
-
-def _under_here(item) -> bool:
-    try:
-        path = Path(str(item.path)).resolve()
-    except AttributeError:  # pragma: no cover - pytest < 7
-        path = Path(str(item.fspath)).resolve()
-    return HERE in path.parents
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    if not REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or not _under_here(item):
-        return
-    reason = rep.longrepr
-    if isinstance(reason, tuple) and len(reason) == 3:
-        reason = reason[2]
-    rep.outcome = "failed"
-    rep.longrepr = (f"DISTENV_REQUIRE_LAUNCHERS=1 makes this skip ({rep.when} phase) a "
-                    f"failure: {reason}")
+# DISTENV_REQUIRE_LAUNCHERS=1 (skip -> failure) is applied by tests/conftest.py.
