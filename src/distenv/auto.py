@@ -35,6 +35,10 @@ HOOKS = {
     "deepspeed": ("distenv.deepspeed", "prepare"),
     "tensorflow": ("distenv.tensorflow", "patch"),
 }
+#: Adapters applied again for each of their frameworks imported (they patch what is
+#: imported and are idempotent): `import lightning` and later `import pytorch_lightning`
+#: are two Trainers to patch, and patching the second must not import it early.
+EACH_IMPORT = {"distenv.lightning:patch"}
 
 #: The resolved launch (None until `activate`, and when not distributed).
 env = None
@@ -119,7 +123,7 @@ def _run_pending() -> None:
         if entry is None:
             continue
         key = f"{entry[0]}:{entry[1]}"
-        if key in applied or key in skipped:
+        if key in skipped or (key in applied and key not in EACH_IMPORT):
             continue
         import importlib
 
@@ -135,7 +139,8 @@ def _run_pending() -> None:
             skipped[key] = why
             sys.stderr.write(f"distenv.auto: {name} was imported but is not patched: {why}.\n")
             continue
-        applied.append(key)
+        if key not in applied:
+            applied.append(key)
         function()
 
 

@@ -202,6 +202,116 @@ def _guard_single_device(cls) -> None:
     cls.setup_environment = setup_environment
 
 
+# -- zero-code: every Trainer / Fabric gets a DistenvEnvironment ---------------------------------
+# (top-level package that must already be imported, connector module, connector class)
+_CONNECTORS = (
+    ("lightning.pytorch", "lightning.pytorch.trainer.connectors.accelerator_connector",
+     "_AcceleratorConnector"),
+    ("pytorch_lightning", "pytorch_lightning.trainer.connectors.accelerator_connector",
+     "_AcceleratorConnector"),
+    ("lightning.fabric", "lightning.fabric.connector", "_Connector"),
+    ("lightning_fabric", "lightning_fabric.connector", "_Connector"),
+)
+
+
+def patch() -> "list[str]":
+    """Make every ``Trainer`` and ``Fabric`` created from now on run the resolved launch,
+    without ``plugins=[DistenvEnvironment()]`` in the script (`distenv.auto` calls this when
+    the script imports Lightning). Idempotent; returns the connectors now patched.
+
+    For a distributed launch, a Trainer/Fabric given no ClusterEnvironment of its own gets a
+    `DistenvEnvironment` (Lightning alone picks its default environment under mpirun without
+    mpi4py: every rank trains alone as rank 0), and ``devices="auto"`` (the default) becomes
+    the launch's processes per node (or workers per node for a per-node launch), with
+    ``num_nodes`` the launch's node count when left at 1. Explicit values that contradict
+    the launch are a `DistEnvError` naming the right ones (`validate_settings`). Outside a
+    distributed launch Lightning's own choices are untouched. Patches the Lightning packages
+    already imported (every installed one if none is).
+    """
+    import importlib
+
+    wanted = [c for c in _CONNECTORS if c[0] in sys.modules]
+    if not wanted:
+        import importlib.util
+
+        wanted = [c for c in _CONNECTORS if importlib.util.find_spec(c[0].split(".")[0]) is not None]
+    done = []
+    for _root, module, name in wanted:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:  # a Lightning without this private class
+            raise DistEnvError(
+                f"distenv.lightning.patch() cannot find {module}.{name} ({exc}) in this Lightning "
+                "version. Fix: pass plugins=[distenv.lightning.DistenvEnvironment()] to the "
+                "Trainer/Fabric instead.") from None
+        _patch_connector(cls)
+        done.append(f"{module}.{name}")
+    return done
+
+
+def _launch_environment(connector) -> "DistenvEnvironment | None":
+    """The DistenvEnvironment this connector will use, or None (not distributed, or the
+    user brought another ClusterEnvironment: theirs wins). Resolved once per connector."""
+    flag = getattr(connector, "_cluster_environment_flag", None)
+    if flag is not None and not isinstance(flag, str):  # plugins=[...] gave one
+        return flag if isinstance(flag, DistenvEnvironment) else None
+    if "_distenv_environment" not in connector.__dict__:
+        env = DistenvEnvironment()
+        connector._distenv_environment = env if env.env.launcher != "none" else None
+    return connector._distenv_environment
+
+
+def _launch_devices(env: DistEnv, devices, num_nodes) -> tuple:
+    """Trainer(devices=, num_nodes=) with the defaults filled from the launch."""
+    if devices != "auto":
+        return devices, num_nodes  # explicit: validate_settings checks it against the launch
+    launch_devices, launch_nodes = settings(env)
+    return launch_devices, (launch_nodes if num_nodes == 1 else num_nodes)
+
+
+def _patch_connector(cls) -> None:
+    choose = cls._choose_and_init_cluster_environment
+    if getattr(choose, "_distenv_patched", False):
+        return
+    check_devices = cls._check_device_config_and_set_final_flags
+
+    def _check_device_config_and_set_final_flags(self, devices, num_nodes):
+        env = _launch_environment(self)
+        if env is not None:
+            devices, num_nodes = _launch_devices(env.env, devices, num_nodes)
+        return check_devices(self, devices=devices, num_nodes=num_nodes)
+
+    def _choose_and_init_cluster_environment(self):
+        env = _launch_environment(self)
+        if env is None:
+            return choose(self)
+        # The devices are parsed by now; a single-device Trainer never consults its
+        # environment again, so check here that it is not one of N processes training alone.
+        env.validate_settings(len(self._parallel_devices) or 1, self._num_nodes_flag)
+        return env
+
+    for new, old in ((_check_device_config_and_set_final_flags, check_devices),
+                     (_choose_and_init_cluster_environment, choose)):
+        new._distenv_patched = True
+        new.__wrapped__ = old
+        new.__doc__ = old.__doc__
+        setattr(cls, old.__name__, new)
+
+
+def unpatch() -> None:
+    """Undo `patch` on every connector class it changed (tests)."""
+    import importlib
+
+    for root, module, name in _CONNECTORS:
+        if module not in sys.modules:
+            continue
+        cls = getattr(importlib.import_module(module), name)
+        for attr in ("_check_device_config_and_set_final_flags", "_choose_and_init_cluster_environment"):
+            method = cls.__dict__.get(attr)
+            if getattr(method, "_distenv_patched", False):
+                setattr(cls, attr, method.__wrapped__)
+
+
 # -- the plugin ----------------------------------------------------------------------------------
 class DistenvEnvironment:
     """A Lightning ``ClusterEnvironment`` backed by `distenv.resolve()`.
@@ -361,4 +471,5 @@ class DistenvEnvironment:
         pass
 
 
-__all__ = ["DistenvEnvironment", "trainer_kwargs", "settings", "mismatch_message", "WORKER_VAR"]
+__all__ = ["DistenvEnvironment", "trainer_kwargs", "settings", "mismatch_message", "patch", "unpatch",
+           "WORKER_VAR"]

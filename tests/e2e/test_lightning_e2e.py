@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 
 import pytest
 
@@ -161,3 +162,22 @@ def test_plugin_accepted_by_each_package(jobs):
         for case in ("devices1", "devices1_ddp"):
             assert "Fix: Trainer(devices=2, num_nodes=1)" in f[case], (case, f)
         assert f["kwargs_np2"] == {"devices": 2, "num_nodes": 1}, f
+
+
+# -- the adapter's unit tests, with the real Lightning ------------------------------------------
+def test_adapter_unit_tests_in_the_venv():
+    """tests/unit/test_lightning_{adapter,patch}.py in the Lightning venv: the plugin with each
+    package's base class, and patch() on real Trainers and Fabrics (skips become failures)."""
+    from launch_pool import interpreter
+
+    py, why = interpreter("lightning")
+    if py is None:
+        pytest.skip(why)  # a failure under DISTENV_REQUIRE_LAUNCHERS=1 (tests/conftest.py)
+    repo = str(harness.REPO)
+    p = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/unit/test_lightning_adapter.py", "tests/unit/test_lightning_patch.py"],
+                       capture_output=True, text=True, timeout=900, cwd=repo,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/root", "OMP_NUM_THREADS": "1",
+                            "DISTENV_REQUIRE_FRAMEWORK": "lightning"})
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert " passed" in p.stdout and " failed" not in p.stdout, p.stdout[-2000:]
