@@ -394,6 +394,11 @@ def task_index(config: dict) -> "int | None":
     return None
 
 
+#: Set beside CUDA_VISIBLE_DEVICES when distenv narrowed it: a second look (patch() then
+#: strategy(), or strategy() twice) must not narrow the slice again.
+GPU_SLICE_VAR = "DISTENV_GPU_SLICE"
+
+
 def gpu_assignment(d: DistEnv, environ=None) -> "tuple[str | None, str]":
     """(CUDA_VISIBLE_DEVICES for this process or None to leave it, why)."""
     from .gpus import visible_gpus
@@ -403,6 +408,8 @@ def gpu_assignment(d: DistEnv, environ=None) -> "tuple[str | None, str]":
     local, lsize = d.local_rank, d.local_world_size
     if count == 0:
         return None, why
+    if src.get(GPU_SLICE_VAR) is not None and src.get(GPU_SLICE_VAR) == src.get("CUDA_VISIBLE_DEVICES"):
+        return None, f"distenv already gave this process its GPUs ({GPU_SLICE_VAR}={src[GPU_SLICE_VAR]!r})"
     if d.launch == PER_NODE or not lsize or lsize == 1 or local is None:
         return None, f"one process on this node uses all {count} GPU(s) ({why})"
     given = src.get("CUDA_VISIBLE_DEVICES")
@@ -663,7 +670,7 @@ def strategy(env=None, *, communication: str = "auto", timeout: "float | None" =
         if initialised:
             raise TooLateError(_too_late("give this process its own GPUs "
                                          f"(CUDA_VISIBLE_DEVICES={cuda}: {p['cuda_why']})"))
-        os.environ["CUDA_VISIBLE_DEVICES"] = cuda
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[GPU_SLICE_VAR] = cuda
     if distributed and initialised:
         raise TooLateError(_too_late(f"join the {len(p['workers'])}-worker cluster"))
     if kind == "multi_worker" and not allow_keras3:

@@ -280,6 +280,17 @@ def test_plan_keeps_a_gpu_the_scheduler_gave():
     assert dtf.plan(env)["cuda_visible_devices"] is None
 
 
+def test_plan_keeps_the_slice_distenv_gave(fake_gpus):
+    """Narrowed once (DISTENV_GPU_SLICE beside it): strategy() after patch(), or twice, must
+    not narrow "2,3" again to "3"."""
+    fake_gpus(4)
+    env = recorded("openmpi4-np2", 1)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    assert dtf.plan(env)["cuda_visible_devices"] == "2,3"
+    env["CUDA_VISIBLE_DEVICES"] = env[dtf.GPU_SLICE_VAR] = "2,3"
+    assert dtf.plan(env)["cuda_visible_devices"] is None
+
+
 def test_plan_parameter_server(no_gpus):
     p = dtf.plan(platform("tf_config_chief_worker_ps"))
     assert p["kind"] == "parameter_server"
