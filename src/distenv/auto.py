@@ -74,7 +74,8 @@ def activate(environ=None, reason: str = "import distenv.auto"):
         sys.stderr.write(
             f"distenv.auto: this is a per-node launch ({reason}): this process stands for node "
             f"{found.node_rank} of {found.num_nodes}, and its {found.nproc_per_node} worker(s) are "
-            "not started. Start the script with `distenv run [--nproc-per-node N] -- python "
+            "still to be started. A Lightning Trainer starts them itself (patched by distenv); "
+            "any other script: start it with `distenv run [--nproc-per-node N] -- python "
             "script.py ...` so that torch's launcher starts them.\n")
     install()
     return found

@@ -61,8 +61,12 @@ def interpreter(framework) -> str:
     return py
 
 
-def command(framework, py, local, nodes, reference=False):
+def command(framework, py, local, nodes, reference=False, defaults=False):
+    """The plain script's command line; `defaults`: none of the per-launch arguments (the
+    script's Trainer keeps devices="auto", num_nodes=1: distenv fills them in)."""
     _, script, args, ref_args = FRAMEWORKS[framework]
+    if defaults:  # drop "--devices {local}" and "--num-nodes {nodes}" (option and value)
+        args = [a for i, a in enumerate(args) if "{" not in a and "{" not in (args[i + 1:i + 2] or [""])[0]]
     args = [a.format(local=local, nodes=nodes) for a in args]
     return [py, str(SCRIPTS / script), *args, *(ref_args if reference else [])]
 
@@ -102,12 +106,12 @@ def parse(framework, p) -> dict:
 _REFERENCE: dict = {}
 
 
-def reference(framework, py, workers) -> dict:
+def reference(framework, py, workers, extra=()) -> dict:
     """The plain script under torchrun on this node (no distenv anywhere)."""
-    key = (framework, workers)
+    key = (framework, workers, tuple(extra))
     if key not in _REFERENCE:
         argv = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-                *command(framework, py, workers, 1, reference=True)[1:]]
+                *command(framework, py, workers, 1, reference=True)[1:], *extra]
         res = parse(framework, run(argv, label=f"{framework} torchrun x{workers} (reference)"))
         assert res["distenv_modules"] == [], "the reference imported distenv"
         assert res["world_size"] == workers and sorted(res["ranks"]) == list(range(workers))
@@ -166,7 +170,7 @@ def test_per_node_one_node(framework):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
-def test_per_node_two_nodes(framework):
+def test_per_node_two_nodes(cluster, framework):
     """The two namespace nodes: mpirun --map-by ppr:1:node, 2 workers on each node (4 in all),
     against torchrun with 4 workers on one node."""
     need_openmpi()
@@ -182,3 +186,55 @@ def test_per_node_two_nodes(framework):
     check_matches(framework, res, ref, 4, "per-node, 2 nodes")
     if framework == "lightning":
         assert res["hosts"] == ["node1", "node1", "node2", "node2"] and res["node_ranks"] == [0, 0, 1, 1]
+
+
+#: Reference arguments giving the same per-device batches as a run with the script's defaults:
+#: plain_lightning.py splits --global-batch (64) by the devices x nodes it was given (1 x 1 by
+#: default), so each of 4 ranks takes 64 samples a step -- a global batch of 256.
+SAME_BATCHES = {"lightning": ("--global-batch", "256"), "transformers": ()}
+
+
+def need_cluster():
+    need_openmpi()
+    if not (os.path.exists("/run/netns/node1") and os.path.exists("/run/netns/node2")):
+        require("the two-node cluster is not up (integrations/cluster/up.sh)")
+
+
+def mpirun_two_nodes(np, per_node, *extra):
+    return [harness.ON_NODE, "node1", harness.OMPI4, "--allow-run-as-root", "-np", str(np), "--map-by",
+            f"ppr:{per_node}:node", "-H", f"node1:{per_node},node2:{per_node}", "--bind-to", "none",
+            "--mca", "plm_rsh_agent", harness.FAKESSH, "--mca", "oob_tcp_if_include", harness.NET,
+            "--mca", "btl_tcp_if_include", harness.NET, *extra]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_per_process_two_nodes_auto(cluster, framework):
+    """mpirun -np 4 across the two namespace nodes (2 ranks each) with DISTENV_AUTO=1 and the
+    script's own defaults (no --devices/--num-nodes): Open MPI reveals no node rank and
+    Lightning alone would pick its default environment (every rank training as rank 0)."""
+    need_cluster()
+    py = interpreter(framework)
+    ref = reference(framework, py, 4, SAME_BATCHES[framework])
+    argv = [*mpirun_two_nodes(4, 2, "-x", "DISTENV_AUTO"), *command(framework, py, 2, 2, defaults=True)]
+    res = parse(framework, run(argv, {"DISTENV_AUTO": "1"}, label=f"{framework} mpirun 2 nodes x 2 DISTENV_AUTO"))
+    check_matches(framework, res, ref, 4, "per-process, 2 nodes, DISTENV_AUTO")
+    if framework == "lightning":
+        assert res["environment"] == "DistenvEnvironment", res
+        assert res["hosts"] == ["node1", "node1", "node2", "node2"] and res["node_ranks"] == [0, 0, 1, 1]
+
+
+@pytest.mark.cluster
+def test_per_node_two_nodes_auto_lightning_starts_workers(cluster):
+    """One MPI process per node, DISTENV_NPROC_PER_NODE=2 and DISTENV_AUTO=1, no `distenv run`:
+    the patched Trainer starts the node's two workers itself (Lightning's own launcher)."""
+    need_cluster()
+    py = interpreter("lightning")
+    ref = reference("lightning", py, 4, SAME_BATCHES["lightning"])
+    argv = [*mpirun_two_nodes(2, 1, "-x", "DISTENV_AUTO", "-x", "DISTENV_NPROC_PER_NODE"),
+            *command("lightning", py, 2, 2, defaults=True)]
+    p = run(argv, {"DISTENV_AUTO": "1", "DISTENV_NPROC_PER_NODE": "2"},
+            label="lightning 2 nodes x 1 process, Lightning starts 2 workers each")
+    res = parse("lightning", p)
+    check_matches("lightning", res, ref, 4, "per-node, Lightning starts the workers")
+    assert res["hosts"] == ["node1", "node1", "node2", "node2"] and res["node_ranks"] == [0, 0, 1, 1]
