@@ -32,9 +32,12 @@ class DistEnv:
     worth showing a user (e.g. "this is a SLURM batch script, not a task").
     """
 
-    __slots__ = FIELDS + ("provenance", "notes")
+    # The fields live in one dict (`_values`, every field present) read by a property each:
+    # resolve() builds a DistEnv on every call, and filling one dict is far cheaper than
+    # fourteen slots.
+    __slots__ = ("_values", "provenance", "notes")
 
-    # Annotations for readers and type checkers; values live in the slots.
+    # Annotations for readers and type checkers; the properties are added below the class.
     launcher: str
     platform: "str | None"
     launch: str
@@ -53,14 +56,7 @@ class DistEnv:
     notes: tuple
 
     def __init__(self, values: dict, provenance: "dict | None" = None, notes=()):
-        setter = object.__setattr__
-        for name in FIELDS:
-            value = values.get(name)
-            if name == "hosts" and value is not None:
-                value = tuple(value)
-            setter(self, name, value)
-        setter(self, "provenance", dict(provenance or {}))
-        setter(self, "notes", tuple(notes))
+        _fill(self, values, dict(provenance or {}), notes)
 
     def __setattr__(self, name, value):
         raise AttributeError("DistEnv is frozen; use resolve(**overrides) or .replace()")
@@ -70,14 +66,14 @@ class DistEnv:
     def __eq__(self, other):
         if not isinstance(other, DistEnv):
             return NotImplemented
-        return all(getattr(self, f) == getattr(other, f) for f in FIELDS)
+        return self._values == other._values
 
     def __reduce__(self):
         # Frozen slots defeat pickle's default setattr path; rebuild through __init__.
         return (DistEnv, (self.to_dict(), self.provenance, self.notes))
 
     def __hash__(self):
-        return hash(tuple(getattr(self, f) for f in FIELDS))
+        return hash(tuple(map(self._values.get, FIELDS)))
 
     def __repr__(self):
         inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in FIELDS if f != "hosts")
@@ -102,7 +98,7 @@ class DistEnv:
         unknown = set(changes) - set(FIELDS)
         if unknown:
             raise TypeError(f"unknown DistEnv field(s): {', '.join(sorted(unknown))}")
-        values = {f: getattr(self, f) for f in FIELDS}
+        values = dict(self._values)
         values.update(changes)
         why = dict(self.provenance)
         for name in changes:
@@ -111,7 +107,7 @@ class DistEnv:
 
     def to_dict(self) -> dict:
         """The public JSON contract: exactly FIELDS, ``None`` where unknown."""
-        out = {f: getattr(self, f) for f in FIELDS}
+        out = dict(self._values)
         if out["hosts"] is not None:
             out["hosts"] = list(out["hosts"])
         return out
@@ -139,3 +135,42 @@ class DistEnv:
         from .export import export
 
         return export(self, environ, overwrite=overwrite)
+
+
+def _field(name: str) -> property:
+    def get(self):
+        return self._values[name]
+
+    get.__name__ = name
+    return property(get, doc=f"The {name.replace('_', ' ')} (None when unknown).")
+
+
+for _name in FIELDS:
+    setattr(DistEnv, _name, _field(_name))
+del _name
+
+_SET_VALUES = DistEnv.__dict__["_values"].__set__
+_SET_PROVENANCE = DistEnv.__dict__["provenance"].__set__
+_SET_NOTES = DistEnv.__dict__["notes"].__set__
+_EMPTY = dict.fromkeys(FIELDS)
+
+
+def _fill(self, values: dict, provenance: dict, notes) -> None:
+    if values.keys() <= _EMPTY.keys():
+        fields = _EMPTY.copy()
+        fields.update(values)
+    else:  # extra keys are not fields: leave them out
+        fields = {name: values.get(name) for name in FIELDS}
+    hosts = fields["hosts"]
+    if hosts is not None and hosts.__class__ is not tuple:
+        fields["hosts"] = tuple(hosts)
+    _SET_VALUES(self, fields)
+    _SET_PROVENANCE(self, provenance)
+    _SET_NOTES(self, tuple(notes))
+
+
+def _build(values: dict, provenance: dict, notes) -> DistEnv:
+    """A DistEnv owning `provenance` (not copied): for resolve(), which made it fresh."""
+    self = object.__new__(DistEnv)
+    _fill(self, values, provenance, notes)
+    return self

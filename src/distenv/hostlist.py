@@ -291,6 +291,10 @@ def _expand(text: str) -> list[str]:
         if ch in text:
             text = _split_spaces(text)
             break
+    if text[-1] == "]" and "," not in text:
+        hosts = _one_range(text)
+        if hosts is not None:
+            return hosts
     if "[" not in text:
         if "]" in text:
             raise _Bad(f"a ']' without a matching '[' {_near(text, text.index(']'))}")
@@ -372,6 +376,23 @@ def _expand(text: str) -> list[str]:
     return out[0].split(",") if len(out) == 1 else ",".join(out).split(",")
 
 
+def _one_range(text: str) -> "list[str] | None":
+    """The usual shape, ``prefix[lo-hi]`` with numbers below 1000, straight from the number
+    tables; None for anything else (the full parser then takes it, errors included)."""
+    b = text.find("[")
+    if b < 0 or text.find("[", b + 1) >= 0 or text.find("]") != len(text) - 1:
+        return None
+    lo_s, dash, hi_s = text[b + 1 : -1].partition("-")
+    if not (dash and 0 < len(lo_s) <= 3 and 0 < len(hi_s) <= 3 and lo_s.isdigit()
+            and hi_s.isdigit() and lo_s.isascii() and hi_s.isascii()):
+        return None
+    lo, hi = int(lo_s), int(hi_s)
+    if lo > hi:
+        return None
+    prefix = text[:b]
+    return [prefix + n for n in (_TABLES or _tables())[len(lo_s) - 1][lo : hi + 1]]
+
+
 def expand_tasks_per_node(text: str, var: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
     """Expand SLURM's compressed per-node counts: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
 
@@ -380,6 +401,13 @@ def expand_tasks_per_node(text: str, var: str = "SLURM_STEP_TASKS_PER_NODE") -> 
     """
     if not isinstance(text, str):
         raise TypeError(f"expand_tasks_per_node() needs a str, not {type(text).__name__}")
+    # The usual shapes, "N" and "N(xR)", without the general loop.
+    if text.isdigit() and text.isascii() and len(text) <= 9:
+        return [int(text)]
+    num, sep, rest = text.partition("(x")
+    if sep and text[-1] == ")" and 0 < len(num) <= 9 and 1 < len(rest) <= 7 and num.isdigit() \
+            and num.isascii() and rest[:-1].isdigit() and rest.isascii() and rest[0] != "0":
+        return [int(num)] * int(rest[:-1])
 
     def bad(problem: str) -> DistEnvError:
         return _error(

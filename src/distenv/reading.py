@@ -18,6 +18,10 @@ def show(value, limit: int = 80) -> str:
 
 def parse_int(raw: str, name: str, who: str = "", minimum: int = 0) -> int:
     """A strict non-negative integer (ASCII digits only: int() would accept '٣' or '1_0')."""
+    if raw.isdigit() and raw.isascii() and len(raw) <= 10:  # the usual case, checked below
+        value = int(raw)
+        if minimum <= value < MAX_COUNT:
+            return value
     text = raw.strip()
     if not text or len(text) > 12 or not (text.isascii() and text.isdigit()):
         by = f" (set by {who})" if who else ""
@@ -76,8 +80,12 @@ class Reading:
             self.set(field, value, why)
 
     def int_from(self, env, field: str, name: str, who: str = "", minimum: int = 0):
-        value = get_int(env, name, who, minimum)
-        self.set(field, value, name if value is None else f"{name}={value}")
+        raw = env.get(name)
+        if raw is None:
+            return None
+        value = parse_int(raw, name, who, minimum)
+        self.values[field] = value
+        self.why[field] = f"{name}={value}"
         return value
 
     def get(self, field: str):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from . import ports
-from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv
+from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv, _build
 from .errors import DistEnvError
 from .reading import Reading, get_int, parse_int, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
@@ -45,9 +45,10 @@ def resolve(environ=None, **overrides) -> DistEnv:
     env = os.environ if environ is None else environ
     if type(env) is not dict:
         env = _view(env)
-    unknown = set(overrides) - OVERRIDABLE
-    if unknown:
-        raise TypeError(f"resolve() got unknown field(s): {', '.join(sorted(unknown))}")
+    if overrides:
+        unknown = set(overrides) - OVERRIDABLE
+        if unknown:
+            raise TypeError(f"resolve() got unknown field(s): {', '.join(sorted(unknown))}")
 
     r = Reading()
     source, why = _choose(env, overrides.pop("launcher", None))
@@ -73,9 +74,9 @@ def resolve(environ=None, **overrides) -> DistEnv:
         "one process per node, whose workers are yet to be started" if r.launch == PER_NODE
         else "the launcher started every worker process"
     )
-    if r.get("platform") is None:
+    if r.values.get("platform") is None:
         r.why["platform"] = "no platform variables found"
-    return DistEnv(r.values, r.why, r.notes)
+    return _build(r.values, r.why, r.notes)
 
 
 def _view(env):
@@ -170,11 +171,12 @@ def _choose(env, forced):
             )
         return source, why_forced
     for entry in LAUNCHERS:
-        marker = entry.present(env)
-        if marker is not None:
-            source = entry.load()
-            if source.detect(env):
-                return source, f"{marker} present"
+        for marker in entry.markers:  # Entry.present, inlined: this loop runs on every call
+            if marker in env:
+                source = entry.load()
+                if source.detect(env):
+                    return source, f"{marker} present"
+                break
     return NONE.load(), "no launcher variables found"
 
 
@@ -183,8 +185,10 @@ def _platform(env, r, source, forced):
         r.set("platform", forced, "given to resolve()")
         return
     for entry in PLATFORMS:
-        marker = entry.present(env)
-        if marker is None:
+        for marker in entry.markers:
+            if marker in env:
+                break
+        else:
             continue
         platform = entry.load()
         name = platform.platform(env) if hasattr(platform, "platform") else platform.name
@@ -289,7 +293,9 @@ def _contradicts_want(want_why, source, local, r):
 
 
 def _platform_source(r):
-    name = r.get("platform")
+    name = r.values.get("platform")
+    if name is None:
+        return None
     for entry in PLATFORMS:
         if entry.name == name:
             return entry.load()
@@ -298,29 +304,33 @@ def _platform_source(r):
 
 # -- 5. what follows for certain ---------------------------------------------------------
 def _derive(r):
-    size, local = r.get("world_size"), r.get("local_world_size")
-    if size is not None and local is not None and size == local:
-        r.default("num_nodes", 1, "world size = local world size: every rank on this node")
-    if r.get("num_nodes") == 2 and local is not None and size == 2 * local:
+    v = r.values
+    size, local, nodes = v.get("world_size"), v.get("local_world_size"), v.get("num_nodes")
+    if nodes is None and size is not None and size == local:
+        r.set("num_nodes", 1, "world size = local world size: every rank on this node")
+        nodes = 1
+    if nodes == 2 and local is not None and size == 2 * local:
         r.default("nproc_per_node", local, "two nodes, world = 2 x local world: as many on each")
-    if r.get("num_nodes") == 1:
-        r.default("node_rank", 0, "one node")
+    elif nodes == 1:
+        default = r.default
+        default("node_rank", 0, "one node")
         if r.launch == PER_PROCESS:
-            r.default("local_world_size", size, "one node: local world = world")
-            r.default("local_rank", r.get("rank"), "one node: local rank = rank")
-        r.default("nproc_per_node", r.get("local_world_size"), "one node")
+            default("local_world_size", size, "one node: local world = world")
+            default("local_rank", v.get("rank"), "one node: local rank = rank")
+        default("nproc_per_node", v.get("local_world_size"), "one node")
 
 
 def _master(env, r, source, overrides):
+    v = r.values
     owns = source.owns
     if "master_addr" not in overrides and env.get("MASTER_ADDR") and "MASTER_ADDR" not in owns:
-        mine, given = r.get("master_addr"), env["MASTER_ADDR"]
+        mine, given = v.get("master_addr"), env["MASTER_ADDR"]
         if mine is not None and mine != given:
             r.notes.append(f"MASTER_ADDR={given} is used instead of {mine} ({r.why['master_addr']})")
         r.set("master_addr", given, "MASTER_ADDR (given by the user)")
     explicit = r.addr_explicit or "MASTER_ADDR" in owns or "master_addr" in overrides or \
         r.why.get("master_addr", "").startswith("MASTER_ADDR")
-    if r.get("num_nodes") == 1 and not explicit:
+    if v.get("num_nodes") == 1 and not explicit:
         # Loopback always works on one node; a host name derived from the launcher may not
         # resolve, and an interface address may be firewalled.
         r.set("master_addr", LOOPBACK, "one node: loopback")
@@ -328,11 +338,11 @@ def _master(env, r, source, overrides):
     if "master_port" not in overrides and env.get("MASTER_PORT") and "MASTER_PORT" not in owns:
         r.set("master_port", parse_int(env["MASTER_PORT"], "MASTER_PORT", minimum=1),
               "MASTER_PORT (given by the user)")
-    if r.get("master_port") is None:
+    if v.get("master_port") is None:
         if r.port_key:
             r.set("master_port", ports.port_for(r.port_key),
                   f"derived from the job id ({r.port_key}); see distenv.ports")
-        elif r.get("world_size") == 1 and r.launch == PER_PROCESS:
+        elif v.get("world_size") == 1 and r.launch == PER_PROCESS:
             r.set("master_port", ports.port_for(f"pid:{os.getpid()}"),
                   "derived from the process id (a single process); see distenv.ports")
         else:
@@ -357,6 +367,7 @@ def _check_canonical(env, r, source, overrides):
 _COUNTS = ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
            "num_nodes", "nproc_per_node", "master_port")
 _POSITIVE = ("world_size", "local_world_size", "num_nodes", "nproc_per_node", "master_port")
+_LEAST = tuple((field, 1 if field in _POSITIVE else 0) for field in _COUNTS)
 # (a, b, strict): a < b when strict, else a <= b.
 _ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True),
           ("node_rank", "num_nodes", True), ("local_world_size", "world_size", False),
@@ -369,27 +380,35 @@ def _bad(text):
 
 def _check_invariants(r):
     v, why = r.values, r.why
-    for field in _COUNTS:
-        value = v.get(field)
-        if value is not None and (type(value) is not int or value < 0):
-            _bad(f"{field}={show(value)} ({why.get(field)}) is not a non-negative integer.")
-    for field in _POSITIVE:
-        if v.get(field) == 0:
+    get = v.get
+    for field, least in _LEAST:
+        value = get(field)
+        if value is not None and (value.__class__ is not int or value < least):
+            if value.__class__ is not int or value < 0:
+                _bad(f"{field}={show(value)} ({why.get(field)}) is not a non-negative integer.")
             _bad(f"{field}=0 ({why.get(field)}) must be at least 1.")
     for low, high, strict in _ORDER:
-        a, b = v.get(low), v.get(high)
-        if a is not None and b is not None and (a >= b if strict else a > b):
-            relation = "must be below" if strict else "cannot exceed"
-            _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).")
-    port = v.get("master_port")
+        a = get(low)
+        if a is not None:
+            b = get(high)
+            if b is not None and (a >= b if strict else a > b):
+                relation = "must be below" if strict else "cannot exceed"
+                _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).")
+    port = get("master_port")
     if port is not None and port > 65535:
         _bad(f"master_port={port} ({why.get('master_port')}) is not a TCP port (1-65535).")
-    hosts, nodes = v.get("hosts"), v.get("num_nodes")
+    hosts, nodes = get("hosts"), get("num_nodes")
     if hosts is not None and nodes is not None and len(hosts) != nodes:
         _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
-    addr = v.get("master_addr")
-    if addr is not None and not _is_host(addr):
-        _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
+    addr = get("master_addr")
+    if addr is not None and addr not in _HOSTS_SEEN:
+        if not _is_host(addr):
+            _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
+        if len(_HOSTS_SEEN) < 64:  # a process sees one or two; the bound keeps garbage out
+            _HOSTS_SEEN.add(addr)
+
+
+_HOSTS_SEEN = {LOOPBACK}  # addresses _is_host already accepted (it is a pure function)
 
 
 def _is_host(addr) -> bool:
