@@ -321,3 +321,14 @@ def test_cli_describes_the_environment_it_was_given_under_DISTENV_AUTO():
     code = "import sys; print('distenv.auto' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], env=per_node, capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "True" and "distenv run" in p.stderr
+
+
+def test_every_hook_names_an_adapter_function_that_exists():
+    """Each framework auto hooks has its adapter entry point (importing the adapter module
+    imports no framework). A missing one would only print 'not patched' at run time."""
+    import importlib
+
+    for framework, (module, function) in distenv.auto.HOOKS.items():
+        adapter = importlib.import_module(module)
+        assert callable(getattr(adapter, function, None)), f"{framework}: {module}.{function}() is missing"
+    assert set(distenv.auto.EACH_IMPORT) <= {f"{m}:{f}" for m, f in distenv.auto.HOOKS.values()}
