@@ -151,6 +151,12 @@ def main():
     if dist.is_available() and dist.is_initialized():
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
+        # The last collective: end the group now, while the interpreter is whole. Left to
+        # interpreter exit, gloo's worker thread may free this gather's tensors only after
+        # Python began finalizing (a loaded machine gives it the CPU late); freeing them needs
+        # the GIL, and the process aborts (SIGABRT, "terminate called without an active
+        # exception") after training succeeded. torch asks scripts to call this.
+        dist.destroy_process_group()
     else:
         everyone = [mine]
     if trainer.global_rank == 0:

@@ -9,13 +9,33 @@ $DISTENV_PY_TRANSFORMERS5 if set, else .venvs/<name>/bin/python (integrations/fr
 It must have distenv installed with its distenv_auto.pth (`pip install -e .`). Every run is
 under `timeout -k 5`. A missing interpreter or launcher skips (fails under
 DISTENV_REQUIRE_LAUNCHERS=1).
+
+A failed run's whole stdout and stderr are kept in $DISTENV_E2E_LOG_DIR (default
+<tmp>/distenv-e2e-logs), and the failure shows the stderr lines that say why before the tails;
+rank processes run with PYTHONFAULTHANDLER=1 (a fatal signal prints every thread's Python stack).
+
+Flaky SIGABRT, found and fixed: test_per_node_one_node[lightning] failed once in a full run on a
+loaded 2-core machine, a worker ending with SIGABRT after training had succeeded. Not distenv:
+plain_lightning.py (and examples/lightning_trainer.py) left the gloo process group to
+interpreter exit. gloo's worker thread frees the tensors of the last collective
+(all_gather_object) after waking the main thread; when the machine gives it the CPU late, the
+main thread has already started finalizing Python, the free needs the GIL, the thread is ended
+inside a C++ destructor and the process aborts ("terminate called without an active exception";
+core dump: ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> TensorImpl::decref_pyobject ->
+take_gil -> pthread_exit). Plain torchrun, without distenv, aborts the same way. The scripts now
+call destroy_process_group() after the gather; test_lightning_scripts_survive_late_gloo_threads
+makes gloo's thread late on purpose (scripts/late_gloo_threads.py): it aborted 5 of 6 runs
+before, none after. Under plain CPU load (3 and 6 busy loops on 2 cores, about 35 s a run) it
+did not show in 32 runs of the per-node command and 15 of the reference.
 """
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,15 +91,43 @@ def command(framework, py, local, nodes, reference=False, defaults=False):
     return [py, str(SCRIPTS / script), *args, *(ref_args if reference else [])]
 
 
+#: Where a failed run's whole stdout and stderr are kept (the assertion shows only excerpts).
+LOG_DIR = Path(os.environ.get("DISTENV_E2E_LOG_DIR") or Path(tempfile.gettempdir()) / "distenv-e2e-logs")
+#: stderr lines that say why a run failed. A worker's own last words ("terminate called after
+#: throwing ...", "Fatal Python error: Aborted" and its Python stacks) come before torchrun's
+#: failure summary and traceback, often more than a tail's length before the end.
+CLUES = re.compile(r"terminate called|what\(\)|Fatal Python error|Thread 0x|Current thread|^\s+File \"|"
+                   r"Signal \d+|exitcode|error_file|Traceback|\w+(Error|Exception)\b|Aborted|core dumped|"
+                   r"Killed|Terminated|timed? ?out|refused|reset by peer|closed by peer|in use")
+
+
+def clues(text: str, limit: int = 120) -> str:
+    lines = [line for line in text.splitlines() if CLUES.search(line)]
+    if len(lines) > limit:
+        lines = lines[:limit // 2] + [f"... {len(lines) - limit} more ..."] + lines[-limit // 2:]
+    return "\n".join(lines)
+
+
 def run(argv, env_extra=None, timeout=TIMEOUT, label=""):
-    env = harness.clean_env({"PYTHONUNBUFFERED": "1", **(env_extra or {})})
+    # PYTHONFAULTHANDLER: a process killed by SIGABRT/SIGSEGV/SIGBUS/SIGFPE/SIGILL prints every
+    # thread's Python stack first (the signal and exit status are unchanged).
+    env = harness.clean_env({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env_extra or {})})
     t0 = time.monotonic()
     p = subprocess.run(["timeout", "-k", "5", str(timeout), *argv], env=env, capture_output=True, text=True,
                        timeout=timeout + 30, stdin=subprocess.DEVNULL, cwd="/tmp")
     TIMES[label] = round(time.monotonic() - t0, 1)
     print(f"\n[{label}: {TIMES[label]} s, exit {p.returncode}]", end=" ")
-    assert p.returncode == 0, f"{label}: exit {p.returncode}\n{' '.join(argv)}\n" \
-                              f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}"
+    if p.returncode != 0:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^\w.+-]+", "_", label)
+        stem = LOG_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{slug}"
+        for suffix, text in ((".out", p.stdout), (".err", p.stderr)):
+            stem.with_name(stem.name + suffix).write_text(text)
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        pytest.fail(f"{label}: exit {p.returncode} after {TIMES[label]} s (load average {load})\n"
+                    f"{' '.join(argv)}\nwhole output: {stem}.out, {stem}.err\n"
+                    f"stderr, the lines that say why:\n{clues(p.stderr)}\n"
+                    f"stdout tail:\n{p.stdout[-3000:]}\nstderr tail:\n{p.stderr[-4000:]}", pytrace=False)
     return p
 
 
@@ -166,6 +214,24 @@ def test_per_node_one_node(framework):
             "--", *command(framework, py, 2, 1)]
     res = parse(framework, run(argv, label=f"{framework} mpirun -np 1 + distenv run --nproc-per-node 2"))
     check_matches(framework, res, ref, 2, "per-node")
+
+
+LIGHTNING_SCRIPTS = {"plain_lightning": SCRIPTS / "plain_lightning.py",
+                     "lightning_trainer": ROOT / "examples" / "lightning_trainer.py"}
+
+
+@pytest.mark.parametrize("script", sorted(LIGHTNING_SCRIPTS))
+def test_lightning_scripts_survive_late_gloo_threads(script):
+    """The Lightning scripts end their process group themselves: with gloo's threads given the
+    CPU late at the end (scripts/late_gloo_threads.py), they exit 0, not SIGABRT (module
+    docstring). Plain torchrun, no distenv involved: this is about the scripts."""
+    py = interpreter("lightning")
+    argv = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(SCRIPTS / "late_gloo_threads.py"), str(LIGHTNING_SCRIPTS[script]),
+            "--devices", "2", "--num-nodes", "1", "--epochs", "1"]
+    p = run(argv, label=f"{script} torchrun x2, gloo threads late")
+    assert "terminate called" not in p.stderr, clues(p.stderr)
+    assert sum(line.startswith('{"example"') for line in p.stdout.splitlines()) == 1, p.stdout[-3000:]
 
 
 @pytest.mark.cluster
