@@ -15,7 +15,6 @@ Modules are imported only when one of their markers is present, which keeps
 
 from __future__ import annotations
 
-import importlib
 
 
 class Source:
@@ -55,7 +54,9 @@ class Entry:
 
     def load(self) -> Source:
         if self._source is None:
-            self._source = importlib.import_module(f"{__name__}.{self.module}").SOURCE
+            # __import__, not importlib.import_module: importing importlib (and the warnings
+            # module it pulls in) cost more than the rest of `import distenv`.
+            self._source = __import__(f"{__name__}.{self.module}", fromlist=("SOURCE",)).SOURCE
         return self._source
 
     def present(self, env) -> "str | None":

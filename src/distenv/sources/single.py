@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..description import PER_PROCESS
 from . import Source
-from .slurm import step_id
 
 
 class Single(Source):
@@ -22,7 +21,7 @@ class Single(Source):
         job = env.get("SLURM_JOB_ID")
         if job:
             r.set("job_id", job, "SLURM_JOB_ID")
-            kind = "batch script" if env.get("SLURM_PROCID") is not None and step_id(env) is None \
+            kind = "batch script" if env.get("SLURM_PROCID") is not None and env.get("SLURM_STEP_ID", env.get("SLURM_STEPID")) is None \
                 else "allocation shell (salloc) or batch step"
             r.notes.append(
                 f"inside SLURM job {job} but not an srun task: this {kind} is one process. "
