@@ -202,7 +202,12 @@ def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> 
 
             pg_timeout = _get_default_timeout(chosen)
         store.set_timeout(pg_timeout)  # later store waits (new_group, ...) use torch's timeout
-        kwargs["store"] = store
+        # The process group's keys (each rank's gloo address, ...) under a prefix of their own
+        # per torchrun restart and per call, as torch's env:// does (/worker/attempt_N): the
+        # agent's store outlives a restart, and restarted ranks would otherwise read the dead
+        # round's addresses (gloo: "Connection refused").
+        kwargs["store"] = dist.PrefixStore(
+            f"distenv/pg/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')}/{_generation}/", store)
     dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size, **kwargs)
     return env
 
