@@ -212,6 +212,25 @@ def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> 
     return env
 
 
+def _connect(TCPStore, addr, port, size, host, wait, start):
+    """The store, hosted or reached within `wait` of `start`. torch retries a client's connect
+    once after a random delay, so one call can take about three times its timeout (measured
+    with torch 2.13): a client tries in slices of a third of what is left until the time is up."""
+    import time
+
+    if host:
+        return TCPStore(addr, port, size, True, timeout=wait, wait_for_workers=False, multi_tenant=True)
+    second = datetime.timedelta(seconds=1)
+    while True:
+        left = wait - datetime.timedelta(seconds=time.monotonic() - start)
+        try:
+            return TCPStore(addr, port, size, False, timeout=max(left / 3, second),
+                            wait_for_workers=False, multi_tenant=True)
+        except Exception:
+            if wait - datetime.timedelta(seconds=time.monotonic() - start) < second:
+                raise
+
+
 _generation = 0  # init_process_group calls in this process: keeps each rendezvous's keys apart
 
 
@@ -236,8 +255,7 @@ def _rendezvous(env: DistEnv, wait: datetime.timedelta):
     # rank is a client there (torch's env:// does the same).
     host = env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     try:
-        store = TCPStore(addr, port, size, host, timeout=wait, wait_for_workers=False,
-                         multi_tenant=True)
+        store = _connect(TCPStore, addr, port, size, host, wait, start)
     except Exception as exc:  # torch raises DistNetworkError/DistStoreError/RuntimeError
         text = " ".join(str(exc).split())
         if env.rank == 0 and "in use" in text.lower():
