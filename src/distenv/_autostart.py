@@ -37,9 +37,11 @@ def _start() -> None:
         from .redact import redact_text
 
         message = redact_text(" ".join(str(exc).split()))
-        sys.stderr.write(f"distenv.auto: error: {message} (DISTENV_AUTO={os.environ['DISTENV_AUTO']}; "
-                         "unset it to start without distenv)\n")
-        sys.stderr.flush()
+        from .log import get_logger
+
+        get_logger("distenv.auto").error(f"{message} (DISTENV_AUTO={os.environ['DISTENV_AUTO']}; "
+                                         "unset it to start without distenv)")
+        sys.stderr.flush()  # os._exit skips the handlers' flush at exit
         os._exit(2)
 
 

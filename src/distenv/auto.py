@@ -71,12 +71,14 @@ def activate(environ=None, reason: str = "import distenv.auto"):
     exported.update({name: before.get(name) for name in written})
     env = found
     if found.launch == PER_NODE and not target.get("DISTENV_RUN"):
-        sys.stderr.write(
-            f"distenv.auto: this is a per-node launch ({reason}): this process stands for node "
+        from .log import get_logger  # lazy: logging costs milliseconds at interpreter start
+
+        get_logger(__name__).warning(
+            f"this is a per-node launch ({reason}): this process stands for node "
             f"{found.node_rank} of {found.num_nodes}, and its {found.nproc_per_node} worker(s) are "
             "still to be started. A Lightning Trainer starts them itself (patched by distenv); "
             "any other script: start it with `distenv run [--nproc-per-node N] -- python "
-            "script.py ...` so that torch's launcher starts them.\n")
+            "script.py ...` so that torch's launcher starts them.")
     install()
     return found
 
@@ -138,7 +140,9 @@ def _run_pending() -> None:
         if function is None:
             why = f"{entry[0]}.{entry[1]}() does not exist in this distenv"
             skipped[key] = why
-            sys.stderr.write(f"distenv.auto: {name} was imported but is not patched: {why}.\n")
+            from .log import get_logger
+
+            get_logger(__name__).warning(f"{name} was imported but is not patched: {why}.")
             continue
         if key not in applied:
             applied.append(key)

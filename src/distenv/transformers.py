@@ -26,14 +26,14 @@ this module costs nothing.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
+from .log import get_logger
 
-log = logging.getLogger("distenv.transformers")
+log = get_logger(__name__)  # distenv.log: a stderr handler only when the application has none
 
 #: What `patch()` resolved (None before the first call).
 _env: "DistEnv | None" = None

@@ -1,0 +1,82 @@
+"""distenv's diagnostics go through `logging`: the logger ``distenv`` and a child per module.
+
+    >>> from distenv.log import get_logger
+    >>> log = get_logger(__name__)      # "distenv.torch", ...; or get_logger("torch")
+    >>> log.info("2 of 4 ranks joined; waiting for 2, 3")
+
+As Lightning's and Transformers' library loggers do, distenv shows its messages even in an
+application that configured no logging: when neither the ``distenv`` logger nor the root
+logger has a handler, it gets one that writes ``distenv.torch: info: ...`` lines to
+``sys.stderr`` (the stream current at each message, so redirections and pytest's capture see
+them). Unlike theirs, that handler steps aside as soon as the application configures the
+root logger (``logging.basicConfig``, a framework's setup), even after distenv's first
+message, so a message is never printed twice nor lost: the record propagates to the
+application's handlers.
+
+The level: ``DISTENV_LOG_LEVEL`` (``debug``, ``info``, ``warning``, ``error``; default
+``info``, as Lightning's) when distenv adds its handler; otherwise the application decides
+(``logging.getLogger("distenv").setLevel(...)``).
+
+Not imported by ``import distenv`` (``logging`` costs milliseconds at interpreter start);
+modules import it where they emit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+ROOT = "distenv"
+LEVEL_VAR = "DISTENV_LOG_LEVEL"
+
+
+class _Fallback(logging.StreamHandler):
+    """The handler distenv adds when the application has none (see the module doc)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ sets it; the current stderr wins
+        pass
+
+    def emit(self, record):
+        if logging.getLogger().handlers:
+            return  # the application configured logging: the record reaches its handlers
+        super().emit(record)
+
+
+class _Format(logging.Formatter):
+    def format(self, record):
+        text = super().format(record)
+        return f"{record.name}: {record.levelname.lower()}: {text}"
+
+
+def _configure() -> logging.Logger:
+    logger = logging.getLogger(ROOT)
+    if any(isinstance(h, _Fallback) for h in logger.handlers):
+        return logger
+    if logger.handlers or logging.getLogger().handlers:
+        return logger  # the application has handlers: it decides
+    handler = _Fallback()
+    handler.setFormatter(_Format("%(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        name = os.environ.get(LEVEL_VAR, "").strip().upper() or "INFO"
+        level = logging.getLevelName(name)
+        logger.setLevel(level if isinstance(level, int) else logging.INFO)
+    return logger
+
+
+def get_logger(name: str = ROOT) -> logging.Logger:
+    """The logger ``distenv`` or its child `name` (``"torch"``, ``"distenv.torch"`` or a
+    module's ``__name__``), with distenv's fallback handler installed if needed."""
+    _configure()
+    if name != ROOT and not name.startswith(ROOT + "."):
+        name = f"{ROOT}.{name}"
+    return logging.getLogger(name)
