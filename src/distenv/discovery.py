@@ -1,8 +1,19 @@
 """Optional discovery: ask the other ranks for what the launcher did not reveal.
 
 Resolution never communicates. Some launchers leave fields unknown across nodes (MPICH and
-Open MPI give no node index; MPICH gives no head-node address). `discover()` fills them by
-an allgather of host names over MPI (mpi4py) — only when called, after every rank started.
+Open MPI give no node index; MPICH gives no head-node address). Two ways to fill them, only
+when called, after every rank started:
+
+* `complete(env, need=...)` -- what the adapters call before they communicate: returns `env`
+  unchanged when the fields in `need` are known; otherwise, when the launcher offers a
+  key-value service (Hydra's PMI-1: MPICH, Intel MPI; see `distenv.pmi`), every rank
+  publishes its host name there, one barrier, and the answer fills master address, node
+  rank, node count, local counts, host list and the host of every rank (provenance
+  "PMI-1 key-value exchange"); otherwise `env` unchanged (the caller's error names
+  MASTER_ADDR).
+* `discover(env, method=...)` -- the explicit call: "mpi4py" (an MPI allgather of host
+  names; the default, as before), "pmi" (the key-value exchange) or "auto" (mpi4py when MPI
+  is already initialized here, else the exchange when offered, else mpi4py).
 
     env = distenv.discover()            # node_rank, num_nodes, hosts, master_addr filled
     env.export()
@@ -12,7 +23,7 @@ from __future__ import annotations
 
 import socket
 
-from .description import FIELDS, DistEnv
+from .description import FIELDS, PER_NODE, DistEnv
 from .errors import DistEnvError
 
 
@@ -60,22 +71,118 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
     }
     if env.local_rank is None:
         changes["local_rank"] = on_node.index(env.rank)
-    if env.master_addr is None and len(nodes) > 1:
-        changes["master_addr"] = names[0]
+    if env.master_addr is None:  # one node: loopback, as the resolver's own one-node rule
+        changes["master_addr"] = names[0] if len(nodes) > 1 else "127.0.0.1"
+    if "rank_hosts" in FIELDS:  # the placement of every rank (distenv.placement)
+        changes["rank_hosts"] = tuple(names)
     return _with(env, changes, why)
 
 
-def discover(env: "DistEnv | None" = None, method: str = "mpi4py") -> DistEnv:
-    """Fill node rank, node count, host list and master address by asking the other ranks.
+#: The provenance of every field the key-value exchange fills.
+PMI_WHY = "PMI-1 key-value exchange"
 
-    Communicates (an MPI allgather of host names): call it explicitly, on every rank.
+
+def _mpi_ready():
+    """mpi4py's MPI module when this process already initialized MPI (else None): an
+    allgather over it is then free of side effects, unlike importing mpi4py (MPI_Init)."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            return mpi
+    except Exception:  # noqa: BLE001 - a broken or fake binding: not usable
+        pass
+    return None
+
+
+def _from_exchange(env: DistEnv, ex) -> DistEnv:
+    """`env` completed from a PMI exchange `ex` (distenv.pmi.Exchange)."""
+    why = f"{PMI_WHY} ({ex.why})"
+    if env.launch == PER_NODE:
+        # One process per node (DISTENV_NPROC_PER_NODE under mpiexec): Hydra's ranks are nodes.
+        if len(set(ex.hosts)) != ex.size:
+            raise DistEnvError(
+                f"a per-node launch, but the key-value exchange found {ex.size} processes on "
+                f"{len(set(ex.hosts))} hosts ({', '.join(sorted(set(ex.hosts))[:8])}). Fix: start "
+                "one process per node (mpiexec -ppn 1), or unset DISTENV_NPROC_PER_NODE.")
+        for field, found in (("node_rank", ex.rank), ("num_nodes", ex.size)):
+            known = getattr(env, field)
+            if known is not None and known != found:
+                raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
+                                   f"the {why}: {found}.")
+        return _with(env, {"node_rank": ex.rank, "num_nodes": ex.size, "hosts": tuple(ex.hosts),
+                           "master_addr": env.master_addr or ex.hosts[0]}, why)
+    if env.rank is not None and env.rank != ex.rank:
+        raise DistEnvError(f"rank={env.rank} ({env.provenance.get('rank')}) but Hydra's "
+                           f"key-value service says rank {ex.rank}: the launch is not this job.")
+    if env.world_size is None:  # -pmi-port: the handshake gives the size PMI_SIZE would have
+        env = _with(env, {"world_size": ex.size}, why)
+    return from_hostnames(env, list(ex.hosts), why)
+
+
+def complete(env: "DistEnv | None" = None, *, need=("master_addr",), timeout=None) -> DistEnv:
+    """`env` with the fields in `need` filled by asking the other ranks, when it must and can.
+
+    * Every field in `need` known: `env` unchanged, no communication.
+    * MPI already initialized in this process (mpi4py): an allgather of host names.
+    * The launcher offers a key-value service (Hydra's PMI-1: MPICH, Intel MPI; see
+      `distenv.pmi` for the guards): every rank publishes its host name, one barrier, every
+      rank reads all (collective: every rank must call it). Provenance "PMI-1 key-value
+      exchange". `timeout` seconds (default DISTENV_TIMEOUT, else 180): a rank that never
+      comes makes the others raise `DistEnvError` naming it.
+    * Otherwise: `env` unchanged (the caller's own error then says what to set).
     """
     if env is None:
         from .resolver import resolve
 
         env = resolve()
-    if method != "mpi4py":
-        raise DistEnvError(f"unknown discovery method {method!r}: only 'mpi4py' exists.")
+    if all(getattr(env, field) is not None for field in need):
+        return env
+    mpi = _mpi_ready()
+    if mpi is not None:
+        return discover(env, "mpi4py")
+    from . import pmi
+
+    found, why_not = pmi.offer()
+    if found is None:
+        if env.launcher in ("mpich", "intelmpi"):
+            from .log import get_logger
+
+            get_logger(__name__).debug(f"no key-value exchange: {why_not}")
+        return env
+    return _from_exchange(env, pmi.exchange(timeout=timeout, found=found))
+
+
+def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *, timeout=None) -> DistEnv:
+    """Fill node rank, node count, host list and master address by asking the other ranks.
+
+    Communicates: call it explicitly, on every rank. `method`: "mpi4py" (an MPI allgather
+    of host names; imports mpi4py, which initializes MPI), "pmi" (the launcher's key-value
+    service, standard library only: Hydra's PMI-1 under MPICH and Intel MPI), or "auto"
+    (mpi4py when MPI is already initialized here, else the key-value service when the
+    launcher offers one, else mpi4py).
+    """
+    if env is None:
+        from .resolver import resolve
+
+        env = resolve()
+    if method not in ("mpi4py", "pmi", "auto"):
+        raise DistEnvError(f"unknown discovery method {method!r}: 'mpi4py', 'pmi' or 'auto'.")
+    if method == "auto":
+        if _mpi_ready() is not None:
+            method = "mpi4py"
+        else:
+            from . import pmi
+
+            found, _ = pmi.offer()
+            if found is not None:
+                return _from_exchange(env, pmi.exchange(timeout=timeout, found=found))
+            method = "mpi4py"
+    if method == "pmi":
+        from . import pmi
+
+        return _from_exchange(env, pmi.exchange(timeout=timeout))
     try:
         from mpi4py import MPI
     except ImportError:

@@ -1,0 +1,381 @@
+"""The launcher's own key-value service: Hydra's simple PMI-1 wire protocol (MPICH, Intel MPI).
+
+Across nodes, MPICH and Intel MPI reveal nothing about where rank 0 runs. But every rank Hydra
+starts holds a connection to its launcher's key-value service (the one MPI_Init uses to
+exchange business cards). `exchange()` uses it, standard library only: each rank publishes
+its host name, one barrier, then reads every rank's -- which proves the master address, the
+node of every rank, the node count and the local counts (`distenv.discovery.complete`).
+
+The wire protocol, as measured here with MPICH 4.0 (Debian), MPICH 5 (PyPI) and Intel MPI
+2021.18 (PyPI `impi-rt`), each `mpiexec` on one and on two nodes. Lines are
+``cmd=NAME key=value ...``, newline-terminated, keys in any order (MPICH 5 puts ``rc=0``
+first, adds ``tag=`` to ``barrier_out``; MPICH 4 and Intel add ``msg=``):
+
+=========================================  =================================================
+sent                                       answer
+=========================================  =================================================
+(``-pmi-port`` only, first)                ``cmd=initack``, then ``cmd=set size=N``,
+``cmd=initack pmiid=<PMI_ID>``             ``cmd=set rank=R``, ``cmd=set debug=0``
+``cmd=init pmi_version=1 pmi_subversion=1``  ``cmd=response_to_init ... rc=0``
+``cmd=get_my_kvsname``                     ``cmd=my_kvsname kvsname=K``
+``cmd=put kvsname=K key=k value=v``        ``cmd=put_result rc=0``
+``cmd=barrier_in``                         ``cmd=barrier_out`` (when every rank came)
+``cmd=get kvsname=K key=k``                ``cmd=get_result rc=0 value=v`` (rc=-1: no such key)
+``cmd=finalize``                           ``cmd=finalize_ack``
+=========================================  =================================================
+
+Two modes. **PMI_FD** (Hydra's default; the only one Intel MPI's hydra offers -- its mpiexec
+rejects ``-pmi-port``): the proxy hands each rank one end of a Unix socket pair, number
+``PMI_FD``. **-pmi-port** (MPICH): ``PMI_PORT=<proxy host>:<port>`` and ``PMI_ID`` (the rank;
+there is no ``PMI_SIZE``, the handshake gives the size).
+
+What keeps the service usable afterwards (measured, MPICH 4 and 5, Intel MPI):
+
+* PMI_FD: a later ``cmd=init`` on the same fd (mpi4py's ``MPI_Init``) works after ours, so
+  distenv talks on a duplicate of the fd, closes only the duplicate, and never sends
+  ``finalize`` (after a ``finalize`` the proxy closes the fd: MPI_Init then fails with
+  "Unable to write to PMI_fd").
+* -pmi-port: closing the connection without ``finalize`` is read by Hydra as the rank dying
+  ("BAD TERMINATION ... EXIT CODE: 9": the other ranks are killed), and a ``finalize``
+  followed by MPI_Init's new connection crashed MPICH 4's proxy ("double free"). So distenv
+  keeps its connection open for the life of the process and sends ``finalize`` at exit
+  (`atexit`), after MPI_Finalize if MPI ran: both MPICHs then exit 0. A process that ends
+  by ``os._exit`` skips that and Hydra ends the job as failed.
+
+Guards (a connection used by two processes corrupts the protocol for both): distenv uses the
+service only in a process Hydra's proxy started itself -- its parent is ``hydra_pmi_proxy``
+(the name of MPICH 4's, MPICH 5's and Intel MPI's proxy, measured) and, with PMI_FD, the fd
+is a socket whose peer (SO_PEERCRED) is that parent. A child of a rank (a DataLoader
+worker, a subprocess, Lightning's or torch's launchers) has the rank as its parent and
+never qualifies, whatever it inherited; so does a rank started through a shell script that
+does not ``exec`` (then set MASTER_ADDR, or ``exec python ...`` in the script).
+``distenv run`` passes ``DISTENV_PMI_HELD`` to the command it execs: the service was used
+by that process already (and, with -pmi-port, which fd holds its connection).
+``DISTENV_PMI=0`` turns the exchange off.
+
+Never called by `resolve()`: adapters call `distenv.discovery.complete()` where
+communication is about to happen anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from .errors import DistEnvError
+
+#: The process name (/proc/<pid>/comm) of Hydra's proxy: MPICH 4.0, MPICH 5, Intel MPI 2021.
+PROXY_NAMES = ("hydra_pmi_proxy",)
+#: The environment variable `distenv run` passes to the command it execs ("<pid>[:<fd>]").
+HELD_VAR = "DISTENV_PMI_HELD"
+#: Key prefix in the job's key-value space (MPICH's own keys are P<rank>-businesscard, ...).
+KEY = "distenv-host"
+
+
+class PMIError(DistEnvError):
+    """The key-value exchange failed or timed out."""
+
+
+class Offer:
+    """How this process reaches its launcher's service: ``mode`` "fd" or "port"."""
+
+    __slots__ = ("mode", "fd", "addr", "pmiid", "rank", "size", "why")
+
+    def __init__(self, mode, why, fd=None, addr=None, pmiid=None, rank=None, size=None):
+        self.mode, self.why, self.fd, self.addr, self.pmiid = mode, why, fd, addr, pmiid
+        self.rank, self.size = rank, size
+
+    def __repr__(self):
+        return f"Offer({self.mode!r}, {self.why!r})"
+
+
+def _int(environ, name):
+    raw = environ.get(name)
+    if raw is None or not raw.strip().isdigit():
+        return None
+    return int(raw)
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def offer(environ=None) -> "tuple[Offer | None, str]":
+    """(how to reach the service, why) or (None, why not). Reads /proc and fstat's the fd:
+    call it only where communication is about to happen."""
+    environ = os.environ if environ is None else environ
+    if environ.get("DISTENV_PMI", "").strip().lower() in ("0", "no", "off", "false"):
+        return None, "DISTENV_PMI=0"
+    if "MPI_LOCALRANKID" not in environ:  # Hydra's own marker (the source's detect())
+        return None, "not started by Hydra (no MPI_LOCALRANKID)"
+    has_fd, has_port = "PMI_FD" in environ, "PMI_PORT" in environ and "PMI_ID" in environ
+    if not (has_fd or has_port):
+        return None, "Hydra gave no PMI_FD nor PMI_PORT/PMI_ID"
+    held = environ.get(HELD_VAR)
+    if held:
+        pid = held.split(":", 1)[0]
+        if pid != str(os.getpid()):
+            return None, (f"{HELD_VAR}={held}: the service belongs to process {pid}, an "
+                          "ancestor of this one")
+        return None, f"{HELD_VAR}={held}: this process used the service before it exec'ed"
+    parent = os.getppid()
+    name = _comm(parent)
+    if name not in PROXY_NAMES:
+        return None, (f"the parent process ({parent}, {name or 'unknown'}) is not Hydra's "
+                      "proxy: the PMI variables were inherited, and the connection belongs "
+                      "to an ancestor (start the program with `exec` from a wrapper script)")
+    rank = _int(environ, "PMI_RANK")
+    size = _int(environ, "PMI_SIZE")
+    if has_fd:
+        fd = _int(environ, "PMI_FD")
+        if fd is None:
+            return None, f"PMI_FD={environ['PMI_FD']!r} is not a descriptor number"
+        try:
+            import stat
+
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                return None, f"PMI_FD={fd} is not a socket in this process"
+            pid = _peer_pid(fd)
+        except OSError as exc:
+            return None, f"PMI_FD={fd} is not open in this process ({exc.strerror})"
+        if pid is not None and pid != parent:
+            return None, (f"PMI_FD={fd} is connected to process {pid}, not to the parent "
+                          f"proxy {parent}")
+        return Offer("fd", f"PMI_FD={fd} from Hydra's proxy (pid {parent})", fd=fd,
+                     rank=rank, size=size), ""
+    host, _, port = environ["PMI_PORT"].rpartition(":")
+    pmiid = _int(environ, "PMI_ID")
+    if not host or not port.isdigit() or pmiid is None:
+        return None, (f"PMI_PORT={environ['PMI_PORT']!r} / PMI_ID={environ.get('PMI_ID')!r} "
+                      "are not <host>:<port> and a number")
+    return Offer("port", f"PMI_PORT={environ['PMI_PORT']} PMI_ID={pmiid} (Hydra -pmi-port)",
+                 addr=(host, int(port)), pmiid=pmiid, rank=pmiid if rank is None else rank,
+                 size=size), ""
+
+
+def _peer_pid(fd: int) -> "int | None":
+    import struct
+
+    s = socket.socket(fileno=os.dup(fd))
+    try:
+        if s.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+            return None
+        raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", raw)[0]
+    finally:
+        s.close()
+
+
+# -- the connection ---------------------------------------------------------------------------
+class _Conn:
+    """One PMI-1 conversation; every read ends by `deadline` (time.monotonic())."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline, self.buf = sock, deadline, b""
+
+    def send(self, line: str) -> None:
+        self.sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
+        self.sock.sendall(line.encode() + b"\n")
+
+    def recv(self, expect: str) -> dict:
+        """The next answer, parsed; ``cmd`` must be `expect`."""
+        while b"\n" not in self.buf:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")
+            self.sock.settimeout(left)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the launcher closed the connection")
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        fields = dict(part.partition("=")[::2] for part in line.decode(errors="replace").split())
+        if fields.get("cmd") != expect:
+            raise PMIError(f"the launcher answered {line[:200]!r} where cmd={expect} was due")
+        return fields
+
+    def call(self, line: str, expect: str) -> dict:
+        self.send(line)
+        return self.recv(expect)
+
+
+_held = None   # (pid, socket) of the -pmi-port connection kept until exit
+_done = None   # (pid, Exchange): one exchange per process
+_generation = 0
+
+
+def _finalize_at_exit(pid: int, sock: socket.socket) -> None:
+    """-pmi-port: tell Hydra this rank ends normally (see the module doc)."""
+    if os.getpid() != pid:
+        return  # a forked child that inherited the handler: not its connection
+    try:
+        conn = _Conn(sock, time.monotonic() + 5.0)
+        conn.call("cmd=finalize", "finalize_ack")
+    except (OSError, PMIError):
+        pass
+    finally:
+        sock.close()
+
+
+def _hold(sock: socket.socket) -> None:
+    global _held
+    import atexit
+
+    _held = (os.getpid(), sock)
+    atexit.register(_finalize_at_exit, os.getpid(), sock)
+
+
+def adopt(environ=None) -> bool:
+    """In a command `distenv run` exec'ed with -pmi-port: take over its open connection so
+    `finalize` is sent at exit. True when there was one to adopt."""
+    environ = os.environ if environ is None else environ
+    held = environ.get(HELD_VAR, "")
+    pid, _, fd = held.partition(":")
+    if pid != str(os.getpid()) or not fd.isdigit() or _held is not None:
+        return False
+    try:
+        sock = socket.socket(fileno=int(fd))
+    except OSError:
+        return False
+    sock.set_inheritable(False)
+    _hold(sock)
+    return True
+
+
+class Exchange:
+    """What the exchange found: ``hosts[r]`` is rank r's host name."""
+
+    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why")
+
+    def __init__(self, rank, size, hosts, mode, seconds, why):
+        self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
+        self.seconds, self.why = seconds, why
+
+    def __repr__(self):
+        return f"Exchange(rank={self.rank}, size={self.size}, mode={self.mode!r}, hosts={self.hosts!r})"
+
+
+def _check_value(value: str) -> str:
+    if not value or any(c.isspace() or c == "=" for c in value) or len(value) > 1000:
+        raise PMIError(f"host name {value!r} cannot travel as a PMI-1 value (spaces, '=' or "
+                       "too long). Fix: set MASTER_ADDR (and NODE_RANK) instead.")
+    return value
+
+
+def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None" = None) -> Exchange:
+    """Every rank publishes its host name, one barrier, every rank reads all. Collective:
+    every rank of the job must call it. `timeout` seconds (default DISTENV_TIMEOUT, else
+    180) bound the whole exchange; a rank that never comes makes the others raise `PMIError`
+    naming the ranks whose host never appeared. Returns the same answer when called again
+    in this process (the exchange runs once)."""
+    global _done, _generation
+    environ = os.environ if environ is None else environ
+    if _done is not None and _done[0] == os.getpid():
+        return _done[1]
+    if found is None:
+        found, why_not = offer(environ)
+        if found is None:
+            raise PMIError(f"the launcher's key-value service cannot be used here: {why_not}.")
+    if timeout is None:
+        from .torch import rendezvous_timeout  # DISTENV_TIMEOUT's one parser (no torch import)
+
+        timeout = rendezvous_timeout(None, environ).total_seconds()
+    start = time.monotonic()
+    deadline = start + timeout
+    host = _check_value(socket.gethostname())
+    sock = None
+    try:
+        if found.mode == "fd":
+            sock = socket.socket(fileno=os.dup(found.fd))
+        else:
+            sock = socket.create_connection(found.addr, timeout=max(timeout, 0.001))
+        conn = _Conn(sock, deadline)
+        rank, size = found.rank, found.size
+        if found.mode == "port":
+            conn.call(f"cmd=initack pmiid={found.pmiid}", "initack")
+            for _ in range(3):  # size, rank, debug: the order MPICH's client reads them in
+                got = conn.recv("set")
+                if "size" in got:
+                    size = int(got["size"])
+                if "rank" in got:
+                    rank = int(got["rank"])
+        got = conn.call("cmd=init pmi_version=1 pmi_subversion=1", "response_to_init")
+        if got.get("rc", "0") != "0":
+            raise PMIError(f"the launcher refused PMI-1 init: {got}")
+        kvs = conn.call("cmd=get_my_kvsname", "my_kvsname")["kvsname"]
+        if rank is None or size is None:
+            raise PMIError("Hydra gave no rank or size (PMI_RANK/PMI_SIZE, or the -pmi-port "
+                           "handshake)")
+        _generation += 1
+        key = f"{KEY}-{_generation}-"
+        got = conn.call(f"cmd=put kvsname={kvs} key={key}{rank} value={host}", "put_result")
+        if got.get("rc", "0") != "0":
+            raise PMIError(f"the launcher refused to store this rank's host: {got}")
+        try:
+            conn.call("cmd=barrier_in", "barrier_out")
+        except (socket.timeout, TimeoutError):
+            raise PMIError(_missing_message(conn, kvs, key, rank, size, timeout)) from None
+        hosts = []
+        for r in range(size):
+            got = conn.call(f"cmd=get kvsname={kvs} key={key}{r}", "get_result")
+            if got.get("rc", "0") != "0" or "value" not in got:
+                raise PMIError(f"rank {r}'s host is missing after the barrier ({got}).")
+            hosts.append(got["value"])
+    except (OSError, ValueError, KeyError) as exc:
+        if sock is not None and found.mode == "fd":
+            sock.close()
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            raise PMIError(f"the launcher's key-value service did not answer within {timeout:g} s "
+                           f"({found.why}). Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, "
+                           "or set MASTER_ADDR.") from None
+        raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
+                       f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
+    except PMIError:
+        if sock is not None and found.mode == "fd":
+            sock.close()
+        raise
+    if found.mode == "fd":
+        sock.close()  # only our duplicate: the launcher's fd stays for MPI_Init
+    else:
+        _hold(sock)
+    result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why)
+    _done = (os.getpid(), result)
+    return result
+
+
+def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout) -> str:
+    """After a barrier timeout: which ranks' hosts never reached the service."""
+    conn.deadline = time.monotonic() + min(5.0, max(1.0, 0.002 * size))
+    missing = []
+    try:
+        for r in range(size):
+            conn.send(f"cmd=get kvsname={kvs} key={key}{r}")
+            while True:
+                try:
+                    got = conn.recv("get_result")
+                    break
+                except PMIError as exc:  # a late barrier_out: skip it
+                    if "barrier_out" not in str(exc):
+                        raise
+            if got.get("rc", "0") != "0":
+                missing.append(r)
+    except (OSError, PMIError):
+        missing = None
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)"
+                                                     if len(missing) > 20 else "")
+        who = f"rank(s) {shown} never published their host"
+    else:
+        who = "not every rank reached the barrier (which ones: the launcher could not say)"
+    return (f"key-value exchange of {size} ranks timed out after {timeout:g} s on rank {rank}: "
+            f"{who}. Check that every rank runs the same distenv call (a rank that died or "
+            "hangs before it, or a script that skips it on some ranks); set "
+            "DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR to skip the exchange.")
+
+
+__all__ = ["exchange", "offer", "adopt", "Exchange", "Offer", "PMIError", "HELD_VAR"]
