@@ -18,4 +18,15 @@ from .resolver import resolve
 
 __version__ = "0.1.0"
 
-__all__ = ["DistEnv", "DistEnvError", "FIELDS", "PER_NODE", "PER_PROCESS", "resolve", "__version__"]
+__all__ = ["DistEnv", "DistEnvError", "FIELDS", "PER_NODE", "PER_PROCESS", "discover", "resolve",
+           "__version__"]
+
+
+def __getattr__(name):
+    # `distenv.discover` on first use: discovery (sockets, the PMI client) stays out of
+    # `import distenv`, whose cost is one of the core's guarantees.
+    if name == "discover":
+        from .discovery import discover
+
+        return discover
+    raise AttributeError(f"module 'distenv' has no attribute {name!r}")
