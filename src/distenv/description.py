@@ -17,11 +17,40 @@ FIELDS = (
     "master_addr",
     "master_port",
     "hosts",
+    "rank_hosts",
     "job_id",
 )
 
 PER_PROCESS = "per-process"
 PER_NODE = "per-node"
+
+
+class Later:
+    """A field's value computed on first access (`distenv.placement` records the host of
+    every rank this way: thousands of entries nobody may ask for). ``fn(*args)`` returns
+    ``(value, why)``; a `why` (a string) replaces the field's provenance."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, args=()):
+        self.fn, self.args = fn, args
+
+
+def _settle(values: dict, provenance: dict, name: str):
+    value = values[name]
+    if value.__class__ is Later:
+        value, why = value.fn(*value.args)
+        values[name] = value  # the dict is private and the answer fixed: the object stays frozen
+        if why is not None:
+            provenance[name] = why
+    return value
+
+
+def _settled(self) -> dict:
+    values = self._values
+    if values["rank_hosts"].__class__ is Later:
+        _settle(values, self.provenance, "rank_hosts")
+    return values
 
 
 class DistEnv:
@@ -51,6 +80,7 @@ class DistEnv:
     master_addr: "str | None"
     master_port: "int | None"
     hosts: "tuple[str, ...] | None"
+    rank_hosts: "tuple[str, ...] | None"
     job_id: "str | None"
     provenance: dict
     notes: tuple
@@ -66,17 +96,18 @@ class DistEnv:
     def __eq__(self, other):
         if not isinstance(other, DistEnv):
             return NotImplemented
-        return self._values == other._values
+        return _settled(self) == _settled(other)
 
     def __reduce__(self):
         # Frozen slots defeat pickle's default setattr path; rebuild through __init__.
         return (DistEnv, (self.to_dict(), self.provenance, self.notes))
 
     def __hash__(self):
-        return hash(tuple(map(self._values.get, FIELDS)))
+        return hash(tuple(map(_settled(self).get, FIELDS)))
 
     def __repr__(self):
-        inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in FIELDS if f != "hosts")
+        inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in FIELDS
+                          if f not in ("hosts", "rank_hosts"))
         return f"DistEnv({inner})"
 
     # -- convenience -------------------------------------------------------------
@@ -98,7 +129,7 @@ class DistEnv:
         unknown = set(changes) - set(FIELDS)
         if unknown:
             raise TypeError(f"unknown DistEnv field(s): {', '.join(sorted(unknown))}")
-        values = dict(self._values)
+        values = dict(_settled(self))
         values.update(changes)
         why = dict(self.provenance)
         for name in changes:
@@ -107,9 +138,10 @@ class DistEnv:
 
     def to_dict(self) -> dict:
         """The public JSON contract: exactly FIELDS, ``None`` where unknown."""
-        out = dict(self._values)
-        if out["hosts"] is not None:
-            out["hosts"] = list(out["hosts"])
+        out = dict(_settled(self))
+        for name in ("hosts", "rank_hosts"):
+            if out[name] is not None:
+                out[name] = list(out[name])
         return out
 
     def explain(self) -> str:
@@ -118,7 +150,9 @@ class DistEnv:
         lines = []
         for name in FIELDS:
             value = getattr(self, name)
-            if name == "hosts" and value is not None and len(value) > 8:
+            if name == "rank_hosts" and value is not None:
+                shown = _runs(value)
+            elif name == "hosts" and value is not None and len(value) > 8:
                 shown = ",".join(value[:4]) + f",... ({len(value)} hosts)"
             elif name == "hosts" and value is not None:
                 shown = ",".join(value)
@@ -137,6 +171,18 @@ class DistEnv:
         return export(self, environ, overwrite=overwrite)
 
 
+def _runs(hosts) -> str:
+    """rank_hosts shortened: consecutive ranks on one host as host*count, at most 4 runs."""
+    runs: list = []
+    for host in hosts:
+        if runs and runs[-1][0] == host:
+            runs[-1][1] += 1
+        else:
+            runs.append([host, 1])
+    shown = ",".join(h if n == 1 else f"{h}*{n}" for h, n in runs[:4])
+    return shown + (f",... ({len(hosts)} ranks)" if len(runs) > 4 else "")
+
+
 def _field(name: str) -> property:
     def get(self):
         return self._values[name]
@@ -148,6 +194,18 @@ def _field(name: str) -> property:
 for _name in FIELDS:
     setattr(DistEnv, _name, _field(_name))
 del _name
+
+
+def _rank_hosts(self):
+    value = self._values["rank_hosts"]
+    if value.__class__ is Later:
+        value = _settle(self._values, self.provenance, "rank_hosts")
+    return value
+
+
+DistEnv.rank_hosts = property(_rank_hosts, doc=(
+    "The host of every global rank (index = rank) where the launch proves it, else None "
+    "(see distenv.placement)."))
 
 _SET_VALUES = DistEnv.__dict__["_values"].__set__
 _SET_PROVENANCE = DistEnv.__dict__["provenance"].__set__
@@ -164,6 +222,9 @@ def _fill(self, values: dict, provenance: dict, notes) -> None:
     hosts = fields["hosts"]
     if hosts is not None and hosts.__class__ is not tuple:
         fields["hosts"] = tuple(hosts)
+    hosts = fields["rank_hosts"]
+    if hosts is not None and hosts.__class__ is not tuple and hosts.__class__ is not Later:
+        fields["rank_hosts"] = tuple(hosts)
     _SET_VALUES(self, fields)
     _SET_PROVENANCE(self, provenance)
     _SET_NOTES(self, tuple(notes))

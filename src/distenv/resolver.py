@@ -7,7 +7,8 @@ Order of work:
 4. settle per-node launches (how many workers per node);
 5. derive what follows for certain (one node -> node rank 0, loopback master, ...);
 6. pick the master port by the documented rule (`distenv.ports`);
-7. cross-check canonical variables (a stale RANK is an error, not a choice) and invariants.
+7. cross-check canonical variables (a stale RANK is an error, not a choice) and invariants;
+8. record where every rank runs when the launch proves it (`distenv.placement`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 from . import ports
 from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv, _build
 from .errors import DistEnvError
+from .placement import record as record_placement
 from .reading import Reading, get_int, parse_int, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
@@ -76,6 +78,8 @@ def resolve(environ=None, **overrides) -> DistEnv:
     )
     if r.values.get("platform") is None:
         r.why["platform"] = "no platform variables found"
+    # 8. which host runs every rank, where the launch proves it (built on first access)
+    record_placement(env, r.values, r.why, r.launch == PER_NODE)
     return _build(r.values, r.why, r.notes)
 
 

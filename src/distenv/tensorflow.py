@@ -48,7 +48,8 @@ import socket
 import sys
 import time
 
-from . import ports
+from . import placement, ports
+from .placement import parse_hostfile, slurm_task_nodes  # noqa: F401 - public names, unchanged
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
@@ -187,17 +188,16 @@ def _worker_hosts(d: DistEnv, src, hostfile, gather) -> "list[str]":
     if gather is None:
         gather = src.get("DISTENV_GATHER", "").strip().lower() or None
     if hostfile:
-        return _from_hostfile(d, hostfile)
+        return placement.read_hostfile(d, hostfile)
     if gather:
         if gather not in (True, "mpi4py", "mpi", "1", "true", "yes"):
             raise DistEnvError(f"DISTENV_GATHER={gather!r}: the only method is 'mpi4py'.")
         return _gather_hostnames(d)
-    if d.launcher == "slurm":
-        return _slurm_hosts(d, src)
-    if d.platform == "sagemaker" and d.hosts and d.nproc_per_node and \
-            len(d.hosts) * d.nproc_per_node == size:
-        return _block(list(d.hosts), [d.nproc_per_node] * len(d.hosts), size, "SM_HOSTS")
-    raise DistEnvError(_missing(d, "which host runs each rank"))
+    if d.rank_hosts is not None:
+        return list(d.rank_hosts)
+    why = d.provenance.get("rank_hosts")
+    raise DistEnvError(why[len("unknown: "):] if why and why.startswith("unknown: ")
+                       else _missing(d, "which host runs each rank"))
 
 
 def _missing(d: DistEnv, what: str) -> str:
@@ -211,126 +211,6 @@ def _missing(d: DistEnv, what: str) -> str:
         how += " (Open MPI passes variables to other nodes only with mpirun -x DISTENV_HOSTFILE)"
     return (f"cannot build TF_CONFIG: {d.launcher} runs {d.world_size or '?'} worker(s) on "
             f"{d.num_nodes or 'several'} node(s) but does not reveal {what}. Fix: {how}.")
-
-
-def _block(hosts, counts, size, why) -> "list[str]":
-    if sum(counts) != size:
-        raise DistEnvError(f"{why} holds {sum(counts)} slot(s) but the launch has world_size={size}.")
-    out = []
-    for host, count in zip(hosts, counts):
-        out.extend([host] * count)
-    return out
-
-
-def _slurm_hosts(d: DistEnv, src) -> "list[str]":
-    from .hostlist import expand_hostlist, expand_tasks_per_node
-
-    for var in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
-        if src.get(var):
-            hosts = expand_hostlist(src[var], var)
-            break
-    else:
-        raise DistEnvError(_missing(d, "its node list (no SLURM_STEP_NODELIST)"))
-    for cvar in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        if src.get(cvar):
-            counts = expand_tasks_per_node(src[cvar], cvar)
-            break
-    else:
-        raise DistEnvError(_missing(d, "its tasks per node (no SLURM_STEP_TASKS_PER_NODE)"))
-    if len(counts) != len(hosts):
-        raise DistEnvError(f"{var} lists {len(hosts)} node(s) but {cvar} {len(counts)}.")
-    dist = (src.get("SLURM_DISTRIBUTION") or "block").split(":", 1)[0].strip().lower()
-    order = slurm_task_nodes(counts, dist, src.get("SLURM_DIST_PLANESIZE"))
-    if len(order) != d.world_size:
-        raise DistEnvError(f"{cvar} adds up to {len(order)} tasks but world_size={d.world_size}.")
-    if d.node_rank is not None and order[d.rank] != d.node_rank:
-        raise DistEnvError(
-            f"SLURM_DISTRIBUTION={dist} places rank {d.rank} on node {order[d.rank]} but "
-            f"SLURM_NODEID={d.node_rank}: an unusual distribution. Fix: set TF_CONFIG or "
-            "DISTENV_HOSTFILE."
-        )
-    return [hosts[n] for n in order]
-
-
-def slurm_task_nodes(counts, dist: str = "block", plane=None) -> "list[int]":
-    """The node index of every task, in rank order, for SLURM's task distribution."""
-    total = sum(counts)
-    if dist in ("block", "", "(null)", "unknown"):
-        return [n for n, c in enumerate(counts) for _ in range(c)]
-    if dist.startswith("plane"):
-        size = plane if plane is not None else (dist.split("=", 1)[1] if "=" in dist else None)
-        try:
-            step = int(size)
-        except (TypeError, ValueError):
-            raise DistEnvError("SLURM_DISTRIBUTION=plane without SLURM_DIST_PLANESIZE.") from None
-    elif dist.startswith("cyclic"):
-        step = 1
-    else:
-        raise DistEnvError(
-            f"SLURM_DISTRIBUTION={dist}: the host of each task cannot be derived. Fix: set "
-            "TF_CONFIG or DISTENV_HOSTFILE, or use block or cyclic distribution."
-        )
-    left = list(counts)
-    out: "list[int]" = []
-    while len(out) < total:
-        for n in range(len(left)):
-            take = min(step, left[n])
-            out.extend([n] * take)
-            left[n] -= take
-    return out
-
-
-def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list[int | None]]":
-    """Hosts in file order with their slot counts (None where the file gives none)."""
-    hosts: "list[str]" = []
-    counts: "list[int | None]" = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        host, count = words[0], None
-        if ":" in host and host.rsplit(":", 1)[1].isdigit():
-            host, n = host.rsplit(":", 1)
-            count = int(n)
-        for word in words[1:]:
-            key, _, value = word.partition("=")
-            if key in ("slots", "max_slots", "cpu", "cpus") and value.isdigit():
-                if key != "max_slots":
-                    count = int(value)
-            else:
-                raise DistEnvError(f"{name} line {lineno}: {line!r} is not 'host', 'host:N' "
-                                   "or 'host slots=N'.")
-        if count == 0:
-            raise DistEnvError(f"{name} line {lineno}: {line!r} gives no slot.")
-        if host in hosts:  # PBS_NODEFILE style: one line per slot
-            i = hosts.index(host)
-            counts[i] = (counts[i] or 1) + (count or 1)
-        else:
-            hosts.append(host)
-            counts.append(count)
-    if not hosts:
-        raise DistEnvError(f"{name} lists no host.")
-    return hosts, counts
-
-
-def _from_hostfile(d: DistEnv, path) -> "list[str]":
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise DistEnvError(f"DISTENV_HOSTFILE={path!r} cannot be read ({exc.strerror}).") from None
-    hosts, counts = parse_hostfile(text, f"host file {path}")
-    if all(c is None for c in counts):
-        per = d.nproc_per_node or d.local_world_size
-        if len(hosts) * (per or 0) != d.world_size:
-            raise DistEnvError(
-                f"host file {path} lists {len(hosts)} host(s) without slot counts and the launch "
-                f"has world_size={d.world_size}: give 'host:N' lines."
-            )
-        counts = [per] * len(hosts)
-    counts = [1 if c is None else c for c in counts]
-    return _block(hosts, counts, d.world_size, f"host file {path}")
 
 
 def _gather_hostnames(d: DistEnv) -> "list[str]":

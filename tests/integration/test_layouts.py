@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.launcher, pytest.mark.timeout(600)]
 
 FIELDS = ("launcher", "platform", "launch", "rank", "local_rank", "world_size",
           "local_world_size", "node_rank", "num_nodes", "nproc_per_node", "master_addr",
-          "master_port", "hosts", "job_id")
+          "master_port", "hosts", "rank_hosts", "job_id")
 
 #: (layout, test) -> reason. Each is strict: when the resolver is fixed, the xfail fails.
 KNOWN_BUGS = {

@@ -67,6 +67,40 @@ def task_node_rank(spec) -> "int | None":
     return None  # ps / evaluator / reduction server: not a training worker
 
 
+#: Google Cloud pools -> TF_CONFIG task types (Vertex: workerpool0..3, documented as the
+#: primary replica, workers, parameter servers, evaluators).
+TF_TYPES = {"master": "chief", "chief": "chief", "workerpool0": "chief",
+            "worker": "worker", "workerpool1": "worker",
+            "ps": "ps", "workerpool2": "ps",
+            "evaluator": "evaluator", "workerpool3": "evaluator"}
+
+
+def tf_config(env) -> "dict | None":
+    """The TF_CONFIG a CLUSTER_SPEC in `env` describes (pools renamed to TensorFlow's task
+    types, checked like a TF_CONFIG), or None without a TensorFlow-style CLUSTER_SPEC."""
+    import json
+
+    from .tfconfig import parse
+
+    spec = cluster_spec(env)
+    if spec is None:
+        return None
+    cluster: dict = {}
+    for pool, tasks in spec["cluster"].items():
+        kind = TF_TYPES.get(pool)
+        if kind is None:
+            raise DistEnvError(f"CLUSTER_SPEC pool {pool!r} is not one TensorFlow knows "
+                               f"({', '.join(TF_TYPES)}).")
+        cluster.setdefault(kind, []).extend(str(t) for t in tasks)
+    task = spec.get("task") or {}
+    kind = TF_TYPES.get(task.get("type"))
+    if kind is None:
+        raise DistEnvError(f"CLUSTER_SPEC task type {task.get('type')!r} is not a known pool.")
+    config = {"cluster": cluster, "task": {"type": kind, "index": task.get("index", 0)},
+              "environment": "cloud"}
+    return parse(json.dumps(config), "CLUSTER_SPEC")
+
+
 class GoogleCloud(Source):
     name = "gcp"
     title = "Google Cloud"

@@ -49,6 +49,18 @@ def workers(config) -> "list[str]":
     return [t for kind in TRAINING for t in cluster.get(kind, ())]
 
 
+def task_rank(config) -> "int | None":
+    """The task's global rank: the chief first, then the workers in order (TensorFlow's
+    MultiWorkerMirroredStrategy numbers them so); None for a parameter server or evaluator."""
+    cluster, task = config["cluster"], config["task"]
+    kind, index = task["type"], task.get("index", 0)
+    if kind in CHIEFS:
+        return index
+    if kind == "worker":
+        return sum(len(cluster.get(k, ())) for k in CHIEFS) + index
+    return None
+
+
 class TFConfig(Source):
     name = "tf_config"
     title = "TF_CONFIG"
@@ -77,8 +89,7 @@ class TFConfig(Source):
         r.set("world_size", len(members), "TF_CONFIG cluster (chief + workers)")
         r.set("hosts", hosts, "TF_CONFIG cluster hosts, in rank order")
         r.set("num_nodes", len(hosts), "distinct hosts in TF_CONFIG")
-        chiefs = sum(len(cluster.get(k, ())) for k in CHIEFS)
-        rank = index if kind in CHIEFS else chiefs + index
+        rank = task_rank(config)
         mine = members[rank].rsplit(":", 1)[0]
         same = [i for i, m in enumerate(members) if m.rsplit(":", 1)[0] == mine]
         why = f"TF_CONFIG task {kind}[{index}]"
