@@ -67,6 +67,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
         "num_nodes": len(nodes),
         "local_world_size": len(on_node),
         "hosts": tuple(nodes),
+        "rank_hosts": tuple(names),  # every rank's host: the placement (distenv.placement)
         "nproc_per_node": len(on_node) if len(counts) == 1 else None,
     }
     if env.local_rank is None:
