@@ -100,6 +100,17 @@ def _mpi_ready():
 def _from_exchange(env: DistEnv, ex) -> DistEnv:
     """`env` completed from a PMI exchange `ex` (distenv.pmi.Exchange)."""
     why = f"{PMI_WHY} ({ex.why})"
+    if ex.kvsname and env.provenance.get("master_port", "").startswith("torch's default"):
+        # MPICH reveals no job id, but its key-value space name is one: the same on every
+        # rank of one mpiexec, different across mpiexecs (kvs_<mpiexec pid>_0_<random>_<host>,
+        # measured): two MPICH jobs on one machine no longer share 29500.
+        from .ports import port_for
+
+        env = _with(env, {"master_port": port_for(f"hydra:{ex.kvsname}")},
+                    f"derived from the job's key-value space name ({ex.kvsname}; {PMI_WHY}); "
+                    "see distenv.ports")
+        env = DistEnv(env.to_dict(), env.provenance,
+                      [n for n in env.notes if not n.startswith("MPICH reveals no job id")])
     if env.launch == PER_NODE:
         # One process per node (DISTENV_NPROC_PER_NODE under mpiexec): Hydra's ranks are nodes.
         if len(set(ex.hosts)) != ex.size:
@@ -119,6 +130,8 @@ def _from_exchange(env: DistEnv, ex) -> DistEnv:
                            f"key-value service says rank {ex.rank}: the launch is not this job.")
     if env.world_size is None:  # -pmi-port: the handshake gives the size PMI_SIZE would have
         env = _with(env, {"world_size": ex.size}, why)
+        env = DistEnv(env.to_dict(), env.provenance,
+                      [n for n in env.notes if not n.startswith("Hydra with -pmi-port gives no")])
     return from_hostnames(env, list(ex.hosts), why)
 
 

@@ -250,11 +250,11 @@ def adopt(environ=None) -> bool:
 class Exchange:
     """What the exchange found: ``hosts[r]`` is rank r's host name."""
 
-    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why")
+    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why", "kvsname")
 
-    def __init__(self, rank, size, hosts, mode, seconds, why):
+    def __init__(self, rank, size, hosts, mode, seconds, why, kvsname=None):
         self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
-        self.seconds, self.why = seconds, why
+        self.seconds, self.why, self.kvsname = seconds, why, kvsname
 
     def __repr__(self):
         return f"Exchange(rank={self.rank}, size={self.size}, mode={self.mode!r}, hosts={self.hosts!r})"
@@ -288,9 +288,16 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
     start = time.monotonic()
     deadline = start + timeout
     host = _check_value(socket.gethostname())
-    sock = None
+    sock = flags = None
     try:
         if found.mode == "fd":
+            import fcntl
+
+            # Timeouts make a socket non-blocking, and that flag belongs to the open file the
+            # duplicate shares with PMI_FD: left set, MPI_Init's blocking read fails at once
+            # ("Error reading initack ... Resource temporarily unavailable", measured with
+            # MPICH 4 across nodes). It is put back however the exchange ends.
+            flags = fcntl.fcntl(found.fd, fcntl.F_GETFL)
             sock = socket.socket(fileno=os.dup(found.fd))
         else:
             sock = socket.create_connection(found.addr, timeout=max(timeout, 0.001))
@@ -327,8 +334,7 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
                 raise PMIError(f"rank {r}'s host is missing after the barrier ({got}).")
             hosts.append(got["value"])
     except (OSError, ValueError, KeyError) as exc:
-        if sock is not None and found.mode == "fd":
-            sock.close()
+        _release(sock, found, flags)
         if isinstance(exc, (socket.timeout, TimeoutError)):
             raise PMIError(f"the launcher's key-value service did not answer within {timeout:g} s "
                            f"({found.why}). Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, "
@@ -336,16 +342,32 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
         raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
                        f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
     except PMIError:
-        if sock is not None and found.mode == "fd":
-            sock.close()
+        _release(sock, found, flags)
         raise
     if found.mode == "fd":
-        sock.close()  # only our duplicate: the launcher's fd stays for MPI_Init
+        _release(sock, found, flags)  # only our duplicate: the launcher's fd stays for MPI_Init
     else:
         _hold(sock)
-    result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why)
+    result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why, kvs)
     _done = (os.getpid(), result)
     return result
+
+
+def _release(sock, found: Offer, flags) -> None:
+    """PMI_FD: close our duplicate and give the launcher's fd back its blocking mode.
+    -pmi-port after a failure: nothing (the process is about to fail; Hydra then ends the
+    job, which is what a failed rank should do)."""
+    if found.mode != "fd":
+        return
+    if flags is not None:
+        import fcntl
+
+        try:
+            fcntl.fcntl(found.fd, fcntl.F_SETFL, flags)
+        except OSError:
+            pass
+    if sock is not None:
+        sock.close()
 
 
 def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout) -> str:

@@ -37,9 +37,11 @@ class Hydra(Source):
         r.int_from(env, "local_rank", "MPI_LOCALRANKID", who)
         r.int_from(env, "local_world_size", "MPI_LOCALNRANKS", who, minimum=1)
         r.int_from(env, "node_rank", "HYDRA_BSTRAP_NODE_ID", who)
-        # MPICH gives no job id at all (measured); Intel MPI has I_MPI_HYDRA_UUID and -pmi-port
-        # gives PMI_PORT=<mpiexec host>:<port>, both unique to one mpiexec.
-        for var in ("I_MPI_HYDRA_UUID", "PMI_KVSNAME", "PMI_PORT"):
+        # MPICH gives no job id at all (measured); Intel MPI has I_MPI_HYDRA_UUID. Not
+        # PMI_PORT (-pmi-port): it is the *local proxy's* host:port, different on every node
+        # (measured, MPICH 4 on two nodes: ranks derived different ports). The key-value
+        # exchange (distenv.discovery.complete) derives one from the job's kvsname instead.
+        for var in ("I_MPI_HYDRA_UUID", "PMI_KVSNAME"):
             if env.get(var):
                 r.port_key = f"hydra:{env[var]}"
                 if var == "I_MPI_HYDRA_UUID":
