@@ -176,6 +176,11 @@ def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> 
     env = resolve()
     if env.launch == PER_NODE:
         raise DistEnvError(per_node_message(env))
+    # MPICH/Intel MPI across nodes: rank 0's host from the launcher's key-value service.
+    from .discovery import complete
+
+    env = complete(env, need=("master_addr", "world_size"), timeout=rendezvous_timeout(
+        _as_timedelta(timeout)).total_seconds())
     env.export()
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
