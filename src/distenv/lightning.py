@@ -121,7 +121,14 @@ def _resolve(environ, overrides) -> DistEnv:
             raise DistEnvError(f"{WORKER_VAR} is not valid JSON: {node[:80]!r}. Fix: unset it.") from None
         why = f"{WORKER_VAR} (the node process that started this worker)"
         return DistEnv(values, {f: why for f in FIELDS if values.get(f) is not None})
-    return resolve(environ, **overrides)
+    env = resolve(environ, **overrides)
+    if environ is None:
+        # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
+        # key-value service (every rank builds its Trainer, so every rank takes part).
+        from .discovery import complete
+
+        env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"))
+    return env
 
 
 def mismatch_message(env: DistEnv, num_devices, num_nodes) -> "str | None":
