@@ -48,6 +48,10 @@ def prepare(environ=None, *, overwrite: bool = False, **overrides) -> DistEnv:
             "per worker. Fix: start the workers with the `deepspeed` launcher or torchrun, or "
             "launch one process per GPU (unset DISTENV_NPROC_PER_NODE)."
         )
+    if environ is None:  # MPICH/Intel MPI across nodes: the launcher's key-value service
+        from .discovery import complete
+
+        env = complete(env, need=("master_addr", "world_size"))
     env.export(target, overwrite=overwrite)
     missing = [name for name in REQUIRED if not target.get(name)]
     if missing:

@@ -219,6 +219,16 @@ def init(framework: "str | None" = None, *, env=None, controller: "str | None" =
     module docstring for what happens; raises `DistEnvError` if Horovod's size or rank
     disagrees with the launch.
     """
+    if env is None:
+        # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
+        # key-value service (Horovod's MPI_Init still works after it: measured with mpi4py).
+        from .discovery import complete
+        from .resolver import resolve
+
+        env = resolve()
+        if env.launch != PER_NODE and env.world_size != 1 and env.launcher != "horovodrun":
+            env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"),
+                           timeout=timeout)
     p = plan(env, controller=controller)
     d = p["env"]
     wait = _timeout(timeout, os.environ)

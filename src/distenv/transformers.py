@@ -69,6 +69,10 @@ def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrid
             "process per worker. Fix: start the workers with torchrun or `accelerate launch`, "
             "or launch one process per GPU (unset DISTENV_NPROC_PER_NODE)."
         )
+    if env.is_distributed:  # MPICH/Intel MPI across nodes: the launcher's key-value service
+        from .discovery import complete
+
+        env = complete(env, need=("master_addr", "world_size"))
     fix_local_rank_argv(env, sys.argv if argv is None else argv)
     if env.is_distributed:
         env.export(os.environ, overwrite=overwrite)
