@@ -1,0 +1,163 @@
+"""TF_CONFIG for this process, built from the core's placement (`distenv.placement`).
+
+No launcher variable is read here: the hosts come from `DistEnv.rank_hosts` (or, when asked,
+a host file or discovery), the chief rule and the CLUSTER_SPEC mapping from the sources'
+own functions, the ports from `distenv.knobs`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import knobs, placement
+from ..description import PER_NODE, DistEnv
+from ..errors import DistEnvError
+
+LOOPBACK = "127.0.0.1"
+CHIEFS = ("chief", "master")
+
+
+def _environ(environ):
+    return os.environ if environ is None else environ
+
+
+def _inputs(env, environ) -> "tuple[DistEnv, object]":
+    """(description, environment mapping) from a DistEnv, a mapping, or nothing."""
+    if env is not None and not isinstance(env, DistEnv):  # a mapping to resolve
+        environ, env = env, None
+    src = _environ(environ)
+    if env is None:
+        from ..resolver import resolve
+
+        env = resolve(src)
+    return env, src
+
+
+def tf_config(env=None, *, environ=None, hostfile=None, gather=None, base_port=None) -> dict:
+    """A valid TF_CONFIG dict for this process (``{"cluster": ..., "task": ...}``).
+
+    `env`: a `DistEnv`, or a mapping to resolve (default: ``os.environ``). Keywords (each
+    also read from the environment when not given):
+
+    * `hostfile` (DISTENV_HOSTFILE): host names across MPI nodes, one per line (``host``,
+      ``host:N``, ``host slots=N``, or a host repeated once per rank as in PBS_NODEFILE);
+      ranks fill hosts in blocks, in file order, as mpirun maps them by default.
+    * `gather` (DISTENV_GATHER=mpi4py): learn every rank's host name by an MPI allgather
+      (`distenv.discover`).
+    * `base_port` (DISTENV_TF_PORT): the first port; worker k on a host listens on
+      ``base_port + k``. Default: derived from the job, so concurrent jobs differ.
+
+    Raises `DistEnvError` naming what is missing when the hosts cannot be known.
+    """
+    d, src = _inputs(env, environ)
+    raw = src.get("TF_CONFIG")  # TensorFlow's own variable: validated, passed through
+    if raw:
+        return _passthrough(raw, d)
+    if d.launcher in ("gcp", "vertex"):
+        config = placement.cluster_spec_tf_config(src)
+        if config is None:
+            raise DistEnvError("CLUSTER_SPEC has no TensorFlow-style 'cluster' mapping of lists.")
+        return config
+    hosts = _worker_hosts(d, src, hostfile, gather)
+    return _assemble(d, src, hosts, base_port)
+
+
+def _passthrough(raw: str, d: DistEnv) -> dict:
+    config = placement.parse_tf_config(raw)
+    if d.launcher != "tf_config":
+        members = placement.tf_workers(config)
+        task = config["task"]
+        kind, index = task["type"], task.get("index", 0)
+        rank = placement.tf_task_rank(config)
+        if d.world_size is not None and d.launch != PER_NODE and len(members) != d.world_size:
+            raise DistEnvError(
+                f"TF_CONFIG lists {len(members)} training worker(s) but {d.launcher} started "
+                f"world_size={d.world_size} ({d.provenance.get('world_size')}): a stale TF_CONFIG? "
+                "Fix: unset TF_CONFIG and let distenv build it."
+            )
+        if rank is not None and d.rank is not None and d.launch != PER_NODE and rank != d.rank:
+            raise DistEnvError(
+                f"TF_CONFIG task {kind}[{index}] is rank {rank} but {d.launcher} says rank={d.rank} "
+                f"({d.provenance.get('rank')}). Fix: unset TF_CONFIG and let distenv build it."
+            )
+    return config
+
+
+def _worker_hosts(d: DistEnv, src, hostfile, gather) -> "list[str]":
+    """The host of every worker, indexed by rank (node rank for a per-node launch)."""
+    if d.launch == PER_NODE:
+        # One process per node: for TensorFlow the node's process *is* the worker (it
+        # uses every local GPU through MirroredStrategy inside MultiWorkerMirroredStrategy).
+        if d.num_nodes == 1:
+            return [LOOPBACK]
+        if d.hosts and d.num_nodes == len(d.hosts) and d.node_rank is not None:
+            return list(d.hosts)
+        raise DistEnvError(_missing(d, "the host of every node"))
+    size, rank = d.world_size, d.rank
+    if size is None or rank is None:
+        raise DistEnvError(
+            f"cannot build TF_CONFIG: {d.launcher} does not reveal "
+            f"{'the world size' if size is None else 'the rank'} "
+            f"({d.provenance.get('world_size' if size is None else 'rank')}). "
+            "Fix: launch so that it does (e.g. MPICH without -pmi-port), or set TF_CONFIG."
+        )
+    if size == 1 or d.num_nodes == 1:
+        return [LOOPBACK] * size  # one node: loopback always works (as the master address)
+    hostfile = hostfile or knobs.hostfile(src)
+    if gather is None:
+        gather = knobs.gather(src)
+    if hostfile:
+        return placement.read_hostfile(d, hostfile)
+    if gather:
+        if gather not in (True, "mpi4py", "mpi", "1", "true", "yes"):
+            raise DistEnvError(f"DISTENV_GATHER={gather!r}: the only method is 'mpi4py'.")
+        from ..discovery import discover
+
+        return list(discover(d, method="mpi4py").rank_hosts)
+    if d.rank_hosts is not None:
+        return list(d.rank_hosts)
+    why = d.provenance.get("rank_hosts")
+    if why and why.startswith("unknown: "):  # the launch's own rule failed: say why
+        raise DistEnvError(f"cannot build TF_CONFIG: {why[len('unknown: '):]}")
+    raise DistEnvError(_missing(d, "which host runs each rank"))
+
+
+def _missing(d: DistEnv, what: str) -> str:
+    how = ("pass hostfile=... or set DISTENV_HOSTFILE to a file of host names (host:N per "
+           "line, in mpirun's order), or gather=True / DISTENV_GATHER=mpi4py (needs mpi4py) "
+           "to ask the other ranks, or set TF_CONFIG yourself")
+    if d.launcher == "torchrun":
+        how = ("torchrun numbers nodes in rendezvous order, not in any host list: set "
+               "TF_CONFIG yourself, or launch with mpirun/srun")
+    elif d.launcher == "openmpi":
+        how += " (Open MPI passes variables to other nodes only with mpirun -x DISTENV_HOSTFILE)"
+    return (f"cannot build TF_CONFIG: {d.launcher} runs {d.world_size or '?'} worker(s) on "
+            f"{d.num_nodes or 'several'} node(s) but does not reveal {what}. Fix: {how}.")
+
+
+def _assemble(d: DistEnv, src, hosts, base_port) -> dict:
+    seen: dict = {}
+    slot = []
+    for host in hosts:
+        slot.append(seen.get(host, 0))
+        seen[host] = slot[-1] + 1
+    base = knobs.side_port(d, "tf", src, "DISTENV_TF_PORT", base_port, width=max(seen.values()))
+    workers = [f"{_bracket(h)}:{base + k}" for h, k in zip(hosts, slot)]
+    index = d.node_rank if d.launch == PER_NODE else d.rank
+    if index is None:
+        raise DistEnvError(_missing(d, "this process's node index"))
+    return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def training_workers(config: dict) -> "list[str]":
+    """host:port of every training worker (chief first, then workers)."""
+    return placement.tf_workers(config)
+
+
+def task_index(config: dict) -> "int | None":
+    """This task's index among the training workers (chief first), None for ps/evaluator."""
+    return placement.tf_task_rank(config)

@@ -1,0 +1,167 @@
+"""`strategy()`: the `tf.distribute` strategy for this launch, and `plan()`, what it will do."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..description import PER_NODE
+from ..errors import DistEnvError
+from .cluster import CHIEFS, _inputs, task_index, tf_config, training_workers
+from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
+from .preflight import rendezvous
+
+
+class TooLateError(RuntimeError):
+    """TensorFlow initialised its devices before `strategy()` could configure them."""
+
+
+def _hooks():
+    """The package namespace: `tf_initialized` and `keras_problem` are looked up there, so
+    that replacing ``distenv.tensorflow.tf_initialized`` (tests, a user's override) holds
+    for every module of the package."""
+    return sys.modules[__package__]
+
+
+def plan(env=None, *, environ=None, **tf_config_kwargs) -> dict:
+    """What `strategy()` would do here, without importing TensorFlow.
+
+    ``{"kind": "default"|"mirrored"|"multi_worker"|"parameter_server", "tf_config",
+    "workers", "index", "communication": "NCCL"|"RING"|None, "cuda_visible_devices",
+    "threads"}``.
+    """
+    d, src = _inputs(env, environ)
+    cuda, cuda_why = gpu_assignment(d, src)
+    from ..gpus import visible_gpus
+
+    gpus = visible_gpus(src)[0] if cuda is None else len(cuda.split(","))
+    single = not src.get("TF_CONFIG") and not (d.launcher in ("gcp", "vertex")) and (
+        (d.launch != PER_NODE and d.world_size == 1) or (d.launch == PER_NODE and d.num_nodes == 1))
+    out = {"env": d, "cuda_visible_devices": cuda, "cuda_why": cuda_why, "threads": thread_counts(d)}
+    if single:
+        out.update(kind="mirrored" if gpus > 1 else "default", tf_config=None, workers=[],
+                   index=0, communication=None)
+        return out
+    config = tf_config(d, environ=src, **tf_config_kwargs)
+    members = training_workers(config)
+    if config["cluster"].get("ps"):
+        kind = "parameter_server"
+    elif len(members) > 1:
+        kind = "multi_worker"
+    else:
+        kind = "mirrored" if gpus > 1 else "default"
+    out.update(kind=kind, tf_config=config, workers=members, index=task_index(config),
+               communication=("NCCL" if gpus else "RING") if kind == "multi_worker" else None)
+    return out
+
+
+
+_last: dict = {}
+
+
+def strategy(env=None, *, communication: str = "auto", timeout: "float | None" = None,
+             set_tf_config: bool = False, allow_keras3: bool = False, threads: bool = True,
+             hostfile=None, gather=None, base_port=None, **kwargs):
+    """The `tf.distribute` strategy for this launch; call it before any other TensorFlow call.
+
+    `communication`: "auto" (NCCL with GPUs, else RING), "ring", "nccl". `timeout`: seconds
+    for the pre-flight rendezvous (default DISTENV_TIMEOUT, else 180). `set_tf_config`:
+    also write TF_CONFIG into os.environ. `allow_keras3`: you train with a custom loop, not
+    Keras 3's model.fit. `threads`: size TensorFlow's thread pools from this process's share
+    of the cores. `hostfile`, `gather`, `base_port`: see `tf_config`. Other keywords go to
+    the strategy's constructor.
+    """
+    p = plan(env, hostfile=hostfile, gather=gather, base_port=base_port)
+    d, kind = p["env"], p["kind"]
+    distributed = kind in ("multi_worker", "parameter_server")
+    hooks = _hooks()
+    initialised = hooks.tf_initialized()
+    cuda = p["cuda_visible_devices"]
+    if cuda is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != cuda:
+        if initialised:
+            raise TooLateError(_too_late("give this process its own GPUs "
+                                         f"(CUDA_VISIBLE_DEVICES={cuda}: {p['cuda_why']})"))
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[GPU_SLICE_VAR] = cuda
+    if distributed and initialised:
+        raise TooLateError(_too_late(f"join the {len(p['workers'])}-worker cluster"))
+    if kind == "multi_worker" and not allow_keras3:
+        problem = hooks.keras_problem()
+        if problem:
+            raise DistEnvError(problem)
+    config = p["tf_config"]
+    if set_tf_config and config is not None:
+        os.environ["TF_CONFIG"] = json.dumps(config)
+
+    import tensorflow as tf
+
+    if threads and not initialised:
+        intra, inter = p["threads"]
+        if tf.config.threading.get_intra_op_parallelism_threads() == 0:
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
+        if tf.config.threading.get_inter_op_parallelism_threads() == 0:
+            tf.config.threading.set_inter_op_parallelism_threads(inter)
+    if kind == "default":
+        result = tf.distribute.get_strategy()
+    elif kind == "mirrored":
+        result = tf.distribute.MirroredStrategy(**kwargs)
+    else:
+        task = config["task"]
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(config["cluster"]), task_type=task["type"],
+            task_id=task.get("index", 0), rpc_layer="grpc",
+            environment=config.get("environment", ""))
+        me = p["index"]
+        if me is not None:
+            rendezvous(p["workers"], me, timeout)
+        if kind == "parameter_server":
+            result = _parameter_server(tf, resolver, task, **kwargs)
+        else:
+            impl = {"auto": p["communication"], "ring": "RING", "nccl": "NCCL"}.get(
+                communication.lower(), communication.upper())
+            options = tf.distribute.experimental.CommunicationOptions(
+                implementation=getattr(tf.distribute.experimental.CommunicationImplementation, impl))
+            kwargs.setdefault("communication_options", options)
+            result = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, **kwargs)
+    _last.update(strategy=result, plan=p)
+    return result
+
+
+def _parameter_server(tf, resolver, task, **kwargs):
+    if task["type"] == "evaluator":
+        return tf.distribute.get_strategy()  # a side-car evaluator trains nothing
+    if task["type"] in ("worker", "ps"):
+        # Workers and parameter servers serve the coordinator (the chief) until it ends.
+        server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"],
+                                      task_index=task.get("index", 0), protocol="grpc", start=True)
+        server.join()
+        raise SystemExit(0)  # pragma: no cover - join() does not return
+    return tf.distribute.experimental.ParameterServerStrategy(resolver, **kwargs)
+
+
+def _too_late(what: str, who: str = "distenv.tensorflow.strategy()",
+              fix: str = "call strategy() at the top of the script, before any other "
+                         "TensorFlow call") -> str:
+    return (f"{who} came too late to {what}: TensorFlow already "
+            "initialised its devices (a tensor, a device query or a model was created first). "
+            f"Fix: {fix}.")
+
+
+def is_chief(env=None) -> bool:
+    """True on the worker that writes checkpoints and logs (chief, else worker 0)."""
+    p = _last.get("plan")
+    if p is not None and env is None:
+        config = p["tf_config"]
+    else:
+        d, _ = _inputs(env, None)
+        try:
+            config = tf_config(d) if d.is_distributed else None
+        except DistEnvError:
+            return d.is_main
+    if config is None:
+        return True
+    task = config["task"]
+    if config["cluster"].get("chief") or config["cluster"].get("master"):
+        return task["type"] in CHIEFS
+    return task["type"] == "worker" and task.get("index", 0) == 0
+
