@@ -204,47 +204,69 @@ class _Conn:
         return self.recv(expect)
 
 
-_held = None   # (pid, socket) of the -pmi-port connection kept until exit
+_held = None   # pid of the process whose -pmi-port connection a watcher holds
 _done = None   # (pid, Exchange): one exchange per process
 _generation = 0
 
 
-def _finalize_at_exit(pid: int, sock: socket.socket) -> None:
-    """-pmi-port: tell Hydra this rank ends normally (see the module doc)."""
-    if os.getpid() != pid:
-        return  # a forked child that inherited the handler: not its connection
+def _hold(sock: socket.socket) -> None:
+    """-pmi-port: keep the connection open until this process ends, then send ``finalize``.
+
+    A watcher process holds it: forked twice (so it is nobody's child: a shell that `wait`s
+    for its children, or a program `distenv run` exec'ed, never waits for it), with no
+    descriptor but the connection (so Hydra's output forwarding ends with the rank), it
+    waits for this process to end -- however it ends: return, ``os._exit``, an ``exec`` and
+    the new program's exit -- then sends ``finalize`` and closes. An ``atexit`` handler in
+    this process would miss ``os._exit`` and ``exec`` (Hydra then kills the job).
+    """
+    global _held
+    import select  # imported before forking: the child must not import (import lock)
+
+    watched = os.getpid()
+    keep = sock.fileno()
+    pid = os.fork()
+    if pid == 0:  # first child: fork the watcher and leave at once
+        try:
+            if os.fork() == 0:
+                _watch(watched, keep, select)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    sock.close()  # the watcher holds the connection now
+    _held = watched
+
+
+def _watch(watched: int, keep: int, select) -> None:
+    """The watcher (see `_hold`): never returns."""
     try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 1 << 16)
+        try:
+            pidfd = os.pidfd_open(watched)
+        except (AttributeError, OSError):  # before Linux 5.3: poll for the pid instead
+            pidfd = None
+        if pidfd is not None:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            poller.poll()
+        else:
+            while True:
+                try:
+                    os.kill(watched, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+        sock = socket.socket(fileno=keep)
         conn = _Conn(sock, time.monotonic() + 5.0)
         conn.call("cmd=finalize", "finalize_ack")
-    except (OSError, PMIError):
-        pass
-    finally:
         sock.close()
-
-
-def _hold(sock: socket.socket) -> None:
-    global _held
-    import atexit
-
-    _held = (os.getpid(), sock)
-    atexit.register(_finalize_at_exit, os.getpid(), sock)
-
-
-def adopt(environ=None) -> bool:
-    """In a command `distenv run` exec'ed with -pmi-port: take over its open connection so
-    `finalize` is sent at exit. True when there was one to adopt."""
-    environ = os.environ if environ is None else environ
-    held = environ.get(HELD_VAR, "")
-    pid, _, fd = held.partition(":")
-    if pid != str(os.getpid()) or not fd.isdigit() or _held is not None:
-        return False
-    try:
-        sock = socket.socket(fileno=int(fd))
-    except OSError:
-        return False
-    sock.set_inheritable(False)
-    _hold(sock)
-    return True
+    except BaseException:  # noqa: BLE001 - nobody to report to; Hydra sees the close
+        pass
+    os._exit(0)
 
 
 class Exchange:
@@ -323,16 +345,25 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
         got = conn.call(f"cmd=put kvsname={kvs} key={key}{rank} value={host}", "put_result")
         if got.get("rc", "0") != "0":
             raise PMIError(f"the launcher refused to store this rank's host: {got}")
+        # The barrier may use all but a reserve, kept to find out who is missing: the
+        # whole call ends within `timeout`.
+        reserve = min(2.0, 0.1 * timeout)
+        conn.deadline = deadline - reserve
         try:
             conn.call("cmd=barrier_in", "barrier_out")
         except (socket.timeout, TimeoutError):
+            conn.deadline = deadline
             raise PMIError(_missing_message(conn, kvs, key, rank, size, timeout)) from None
+        conn.deadline = deadline
         hosts = []
         for r in range(size):
             got = conn.call(f"cmd=get kvsname={kvs} key={key}{r}", "get_result")
             if got.get("rc", "0") != "0" or "value" not in got:
                 raise PMIError(f"rank {r}'s host is missing after the barrier ({got}).")
             hosts.append(got["value"])
+    except PMIError:
+        _release(sock, found, flags)
+        raise
     except (OSError, ValueError, KeyError) as exc:
         _release(sock, found, flags)
         if isinstance(exc, (socket.timeout, TimeoutError)):
@@ -341,9 +372,6 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
                            "or set MASTER_ADDR.") from None
         raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
                        f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
-    except PMIError:
-        _release(sock, found, flags)
-        raise
     if found.mode == "fd":
         _release(sock, found, flags)  # only our duplicate: the launcher's fd stays for MPI_Init
     else:
@@ -371,8 +399,13 @@ def _release(sock, found: Offer, flags) -> None:
 
 
 def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout) -> str:
-    """After a barrier timeout: which ranks' hosts never reached the service."""
-    conn.deadline = time.monotonic() + min(5.0, max(1.0, 0.002 * size))
+    """After a barrier timeout: which ranks' hosts never reached the service.
+
+    Hydra's proxy keeps its ranks' puts until *all* of its node's ranks reached the barrier
+    (measured, MPICH 4 on two nodes, rank 3 of node1 absent: rank 2's key was invisible
+    too, even to rank 2). So a missing key names a rank that never came or shares a node
+    with one; this rank itself certainly came.
+    """
     missing = []
     try:
         for r in range(size):
@@ -384,20 +417,24 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
                 except PMIError as exc:  # a late barrier_out: skip it
                     if "barrier_out" not in str(exc):
                         raise
-            if got.get("rc", "0") != "0":
+            if got.get("rc", "0") != "0" and r != rank:
                 missing.append(r)
     except (OSError, PMIError):
         missing = None
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)"
                                                      if len(missing) > 20 else "")
-        who = f"rank(s) {shown} never published their host"
+        if len(missing) == 1:
+            who = f"rank {shown} never reached it"
+        else:
+            who = (f"rank(s) {shown} have not all reached it (Hydra publishes a node's ranks "
+                   "together once all of them came: one or more of these never did)")
     else:
-        who = "not every rank reached the barrier (which ones: the launcher could not say)"
+        who = "not every rank reached it (which ones: the launcher could not say in time)"
     return (f"key-value exchange of {size} ranks timed out after {timeout:g} s on rank {rank}: "
             f"{who}. Check that every rank runs the same distenv call (a rank that died or "
             "hangs before it, or a script that skips it on some ranks); set "
             "DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR to skip the exchange.")
 
 
-__all__ = ["exchange", "offer", "adopt", "Exchange", "Offer", "PMIError", "HELD_VAR"]
+__all__ = ["exchange", "offer", "Exchange", "Offer", "PMIError", "HELD_VAR"]
