@@ -1,4 +1,16 @@
-"""`distenv` command line: show, export, run, doctor."""
+"""`distenv` command line: show, export, run, doctor (also `python -m distenv`).
+
+Bare ``distenv`` is ``distenv show``, and takes its options (``distenv --json``).
+``distenv --version`` / ``-V`` prints the version.
+
+Every rank of a job may run the command at once (``mpirun -np 4 distenv show``): in a
+distributed launch each line of the table, ``--explain`` and ``doctor`` output starts with
+``[rank 3]`` (``[node 1]`` for the process of a per-node launch; ``--no-prefix`` turns it
+off, ``--prefix`` forces it; JSON and one-line summaries are unprefixed by default: they
+carry the rank themselves). ``--ranks 0`` / ``0,2`` / ``0-3`` / ``per-node`` / ``all``
+chooses which ranks print (show: all; doctor: per-node, i.e. local rank 0 of each node), and
+``--summary`` (``--oneline``) prints one line per rank. A rank's output is written at once.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +21,81 @@ from .errors import DistEnvError
 
 
 def _show(args) -> int:
+    from . import display
     from .resolver import resolve
 
     env = resolve()
+    if not display.chosen(env, args.ranks):
+        return 0
     if any(isinstance(v, str) and ("@" in v or "=" in v or "_" in v) for v in _strings(env)):
         env = _redacted(env)  # a launcher value that looks like a secret is never printed
     if args.json:
         import json
 
-        print(json.dumps(env.to_dict(), sort_keys=False))
-    elif args.explain:
-        print(env.explain())
+        text = json.dumps(env.to_dict(), sort_keys=False)
+    elif args.summary:
+        text = summary(env)
     else:
-        width = max(len(k) for k in env.to_dict())
-        for key, value in env.to_dict().items():
-            if key == "hosts" and value:
-                value = ",".join(value) if len(value) <= 8 else f"{','.join(value[:4])},... ({len(value)})"
-            print(f"{key:<{width}}  {'-' if value is None else value}")
-        for note in env.notes:
-            print(f"note: {note}")
+        env = _shortened(env)
+        if args.explain:
+            text = env.explain()
+        else:
+            values = env.to_dict()
+            width = max(len(k) for k in values)
+            lines = []
+            for key, value in values.items():
+                if key == "hosts" and value:
+                    value = display.hosts_text(value)
+                elif isinstance(value, list):
+                    value = ",".join(map(str, value))
+                lines.append(f"{key:<{width}}  {'-' if value is None else value}")
+            lines += [f"note: {note}" for note in env.notes]
+            text = "\n".join(lines)
+    _write(text, _label(args, env, machine=args.json or args.summary))
     return 0
+
+
+def _label(args, env, machine: bool) -> "str | None":
+    """The line prefix: --prefix/--no-prefix, else on in a distributed launch for text
+    meant for people (off for JSON and one-line summaries, which name the rank)."""
+    from .display import rank_label
+
+    on = args.prefix if args.prefix is not None else (
+        not machine and (env is None or env.is_distributed))
+    return rank_label(env) if on else None
+
+
+def _write(text: str, label: "str | None") -> None:
+    from .display import prefixed
+
+    # One write per rank: its lines stay together as far as the launcher's forwarding allows.
+    sys.stdout.write(prefixed(text, label) + "\n")
+    sys.stdout.flush()
+
+
+def summary(env) -> str:
+    """One line: where this process stands, what launched it, where rank 0 listens."""
+    from .description import PER_NODE
+
+    def of(a, b):
+        return f"{'?' if a is None else a}/{'?' if b is None else b}"
+
+    if env.launch == PER_NODE:
+        place = f"node {of(env.node_rank, env.num_nodes)}, {env.nproc_per_node or '?'} worker(s) to start"
+    else:
+        place = (f"rank {of(env.rank, env.world_size)} local {of(env.local_rank, env.local_world_size)} "
+                 f"node {of(env.node_rank, env.num_nodes)}")
+    how = env.launcher + (f" on {env.platform}" if env.platform else "") + f" {env.launch}"
+    parts = [place, how]
+    if env.is_distributed:
+        parts.append(f"master {env.master_addr or '?'}:{env.master_port or '?'}")
+    if env.job_id:
+        parts.append(f"job {env.job_id}")
+    if env.notes:
+        parts.append(f"{len(env.notes)} note(s): distenv show --explain")
+    from .display import shorten
+
+    return " | ".join(shorten(p) for p in parts)
 
 
 def _strings(env):
@@ -46,12 +113,23 @@ def _redacted(env):
         if isinstance(value, str):
             return redact_text(value)
         if isinstance(value, tuple):
-            return tuple(redact_text(v) for v in value)
+            return tuple(redact_text(v) if isinstance(v, str) else v for v in value)
         return value
 
     values = {f: clean(getattr(env, f)) for f in FIELDS}
     return DistEnv(values, {k: redact_text(v) for k, v in env.provenance.items()},
                    [redact_text(n) for n in env.notes])
+
+
+def _shortened(env):
+    """`env` with long strings cut (display.shorten), for the table and --explain."""
+    from .description import FIELDS, DistEnv
+    from .display import shorten
+
+    values = {f: getattr(env, f) for f in FIELDS}
+    return DistEnv({f: shorten(v) for f, v in values.items()},
+                   {k: shorten(v) for k, v in env.provenance.items()},
+                   [shorten(n) for n in env.notes])
 
 
 def _export(args) -> int:
@@ -68,16 +146,42 @@ def _export(args) -> int:
     return 0
 
 
+def _ranks(text: str):
+    from .display import parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
+def _many_ranks(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--ranks", type=_ranks, default=_ranks(default), metavar="WHICH",
+                   help=f"which ranks print: all, per-node (local rank 0 of each node), or "
+                   f"numbers such as 0, 0,2 or 0-3 (node numbers in a per-node launch); "
+                   f"default: {default}")
+    p.add_argument("--prefix", action=argparse.BooleanOptionalAction, default=None,
+                   help="start every line with [rank N] (default: on in a distributed launch, "
+                   "off for --json and --summary)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="distenv",
-        description="Describe this process's place in a distributed launch, under any launcher.",
+        description="Describe this process's place in a distributed launch, under any launcher. "
+        "Without a command: show (distenv --json is distenv show --json).",
     )
+    parser.add_argument("-V", "--version", action="version", version=version_line(__version__))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     show = sub.add_parser("show", help="print the resolved launch (rank, sizes, master, ...)")
     mode = show.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="the JSON contract: every field, null if unknown")
     mode.add_argument("--explain", action="store_true", help="which variable or rule gave each field")
+    mode.add_argument("--summary", "--oneline", action="store_true",
+                      help="one line: rank, local rank, node, launcher, master")
+    _many_ranks(show, "all")
     show.set_defaults(func=_show)
     exp = sub.add_parser("export", help="print `export VAR=value` lines for the torch variables "
                          "(use: eval \"$(distenv export)\")")
@@ -86,20 +190,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="export the launch and run a command; in a per-node launch start "
                    "the workers through torch.distributed.run (distenv run --help)", add_help=False)
     doc = sub.add_parser("doctor", help="check the launch, GPUs, CPU threads and network for "
-                         "collectives, and say what to change")
-    doc.add_argument("--json", action="store_true", help="the report as JSON")
+                         "collectives, report versions, and say what to change (exit 2: the "
+                         "environment cannot be resolved; 1: a finding is an error; else 0)")
+    doc_mode = doc.add_mutually_exclusive_group()
+    doc_mode.add_argument("--json", action="store_true", help="the report as JSON")
+    doc_mode.add_argument("--summary", "--oneline", action="store_true",
+                          help="one line: status, counts and the first problem")
     doc.add_argument("--probe", action="store_true",
                      help="also check that rank 0's address and port are reachable (opens a socket)")
     doc.add_argument("--timeout", type=float, default=2.0, metavar="S",
                      help="seconds to wait for --probe (default 2)")
+    _many_ranks(doc, "per-node")
     doc.set_defaults(func=_doctor)
     return parser
+
+
+def version_line(version: str) -> str:
+    import os
+
+    return (f"distenv {version} from {os.path.dirname(os.path.abspath(__file__))} "
+            f"(Python {sys.version.split()[0]})")
 
 
 def _doctor(args) -> int:
     from .doctor import main as doctor_main
 
     return doctor_main(args)
+
+
+#: Words that are not `show`'s options when they come first (bare `distenv --json` is show).
+_TOP_LEVEL = ("-h", "--help", "-V", "--version")
 
 
 def main(argv=None) -> int:
@@ -114,10 +234,10 @@ def main(argv=None) -> int:
             from .run import main as run_main
 
             return run_main(argv[1:])
+        if not argv or (argv[0].startswith("-") and argv[0] not in _TOP_LEVEL):
+            argv = ["show", *argv]
         parser = build_parser()
         args = parser.parse_args(argv)
-        if args.command is None:
-            args = parser.parse_args(["show"] + argv)
         return args.func(args)
     except DistEnvError as exc:
         from .redact import redact_text

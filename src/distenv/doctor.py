@@ -16,8 +16,15 @@ elsewhere) and reports findings, each with a level (error, warning, info, ok), a
 * probe (only with ``--probe``, the only part that opens a socket): rank 0's address and
   port, with a short timeout.
 
-Values of secret-looking variables never appear (`distenv.redact`). Exit status: 1 when a
-finding is an error, else 0.
+It also reports versions (`versions`): distenv, Python, the frameworks installed for this
+interpreter (from their metadata: nothing is imported) and the launcher's own, from its
+variables (``OMPI_VERSION``) or its ``--version`` (the one process the doctor starts, under
+a short timeout: preferably the launcher binary that started this process, found among its
+ancestors in /proc, else the command on PATH, labelled so).
+
+Values of secret-looking variables never appear (`distenv.redact`); long values are
+shortened as `distenv show` does (`distenv.display.shorten`). Exit status: 2 when the
+environment cannot be resolved (as every command), 1 when a finding is an error, else 0.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import os
 
 from .description import PER_NODE
-from .errors import DistEnvError
+from .errors import DistEnvError, split_fix
 from .redact import redact_environ, redact_text
 
 # Paths, as module attributes so tests can point them at directories they control.
@@ -198,7 +205,7 @@ def _check_launch(rep: Report, env, environ):
     if environ.get("DISTENV_LAUNCHER", "").strip():
         rep.add("info", "launch", f"DISTENV_LAUNCHER={environ['DISTENV_LAUNCHER']} forces the launcher.")
     for note in env.notes:
-        rep.add("warning", "launch", note)
+        rep.add("warning", "launch", *split_fix(note))
     if env.launch == PER_NODE:
         rep.add("info", "launch",
                 f"per-node launch: node {env.node_rank} of {env.num_nodes}, {env.nproc_per_node} "
@@ -228,7 +235,10 @@ def _check_launch(rep: Report, env, environ):
         try:
             env.export({})
         except DistEnvError as exc:
-            rep.add("error", "launch", f"the torch variables cannot be exported: {exc}")
+            problem, fix = split_fix(str(exc))
+            rep.add("error", "launch", f"the torch variables cannot be exported: {problem}",
+                    fix or "set the missing variables in the job script (distenv show --explain "
+                    "shows what is known)")
 
 
 def _check_gpus(rep: Report, env, environ) -> dict:
@@ -482,8 +492,15 @@ def _probe(rep: Report, env, timeout: float) -> dict:
     return out
 
 
-def diagnose(environ=None, probe: bool = False, timeout: float = 2.0) -> dict:
-    """The report as a dict (what ``--json`` prints)."""
+def diagnose(environ=None, probe: bool = False, timeout: float = 2.0,
+             versions: bool = False) -> dict:
+    """The report as a dict (what ``--json`` prints); with `versions`, the ``versions``
+    section too (`versions()`: may start the launcher's ``--version``)."""
+    return _diagnose(environ, probe, timeout, versions)[1]
+
+
+def _diagnose(environ, probe: bool, timeout: float, with_versions: bool):
+    """(the resolved DistEnv or None, the report)."""
     from .resolver import resolve
 
     environ = dict(os.environ if environ is None else environ)
@@ -495,7 +512,11 @@ def diagnose(environ=None, probe: bool = False, timeout: float = 2.0) -> dict:
     except DistEnvError as exc:
         message = redact_text(" ".join(str(exc).split()))
         out["error"] = message
-        rep.add("error", "launch", message)
+        problem, fix = split_fix(message)
+        rep.add("error", "launch", problem, fix or "correct or unset the variable it names "
+                "(distenv show --explain, once it resolves, shows where each field came from)")
+    if with_versions:
+        out["versions"] = versions(env, environ)
     if env is not None:
         out["launch"] = env.to_dict()
         if out["launch"]["master_addr"] is not None:
@@ -520,6 +541,156 @@ def diagnose(environ=None, probe: bool = False, timeout: float = 2.0) -> dict:
         k for k in sorted(environ) if k in SHOWN_NAMES or k.startswith(SHOWN_PREFIXES)])
     out["status"] = "error" if any(f["level"] == "error" for f in rep.findings) else \
         "warning" if any(f["level"] == "warning" for f in rep.findings) else "ok"
+    return env, out
+
+
+def exit_code(report: dict) -> int:
+    """2: the environment cannot be resolved (as every distenv command); 1: a finding is an
+    error; 0 otherwise."""
+    if report.get("error"):
+        return 2
+    return 1 if report["status"] == "error" else 0
+
+
+# -- versions ------------------------------------------------------------------------------
+#: Distributions reported when installed for this interpreter, in this order.
+PACKAGES = ("torch", "lightning", "pytorch-lightning", "transformers", "accelerate", "deepspeed",
+            "tensorflow", "tf-keras", "keras", "horovod", "jax", "jaxlib", "mpi4py")
+#: launcher -> (command whose --version to run, names of its binaries and daemons that may be
+#: an ancestor of a rank). A daemon (orted, hydra_pmi_proxy) stands for the command next to it.
+LAUNCHER_COMMANDS = {
+    "openmpi": ("mpirun", ("mpirun", "mpiexec", "orterun", "prterun", "prte", "orted", "prted")),
+    "mpich": ("mpiexec", ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy")),
+    "intelmpi": ("mpiexec.hydra", ("mpiexec.hydra", "mpiexec", "mpirun", "hydra_pmi_proxy",
+                                   "hydra_bstrap_proxy")),
+    "mvapich2": ("mpiexec", ("mpiexec", "mpirun", "mpirun_rsh", "mpiexec.hydra", "hydra_pmi_proxy")),
+    "pals": ("mpiexec", ("mpiexec",)),
+    "slurm": ("srun", ("srun",)),
+    "flux": ("flux", ()),
+    "lsf": ("jsrun", ("jsrun",)),
+}
+#: launcher -> the distribution whose version is the launcher's (a Python launcher).
+LAUNCHER_PACKAGES = {"torchrun": "torch", "deepspeed": "deepspeed", "horovodrun": "horovod"}
+#: Variables that would make a launcher's --version think it runs inside a job.
+_JOB_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "PRTE_", "HYDRA_", "I_MPI_HYDRA", "MPI_LOCAL", "ORTE_")
+VERSION_TIMEOUT = 3.0
+
+
+def _distribution_versions() -> dict:
+    from importlib import metadata
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        except Exception:  # a broken dist-info must not break the doctor
+            found[name] = "unknown (unreadable metadata)"
+    return found
+
+
+def _ancestors(limit: int = 12):
+    """(pid, executable, name) of this process's parents, nearest first (/proc)."""
+    pid = os.getpid()
+    for _ in range(limit):
+        stat = _read(f"/proc/{pid}/stat")
+        if not stat:
+            return
+        try:
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            return
+        if pid <= 1:
+            return
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            exe = None
+        yield pid, exe, (_read(f"/proc/{pid}/comm") or "").strip()
+
+
+def _launcher_command(launcher: str):
+    """(argv0, how it was found) of the launcher's command, or None."""
+    import shutil
+
+    command, names = LAUNCHER_COMMANDS[launcher]
+    for pid, exe, comm in _ancestors():
+        base = os.path.basename(exe) if exe else comm
+        if base in names or comm in names:
+            if exe and base in ("orted", "prted", "hydra_pmi_proxy", "hydra_bstrap_proxy"):
+                # A daemon: the launcher's command is installed next to it.
+                sibling = os.path.join(os.path.dirname(exe), command)
+                if os.path.exists(sibling):
+                    return sibling, f"next to {base}, pid {pid}, an ancestor of this process"
+                continue
+            if exe:
+                return exe, f"pid {pid}, the ancestor of this process that launched it"
+    found = shutil.which(command)
+    if found:
+        return found, f"{command} on PATH (this process's launcher was not found among its ancestors)"
+    return None
+
+
+def _first_version_line(text: str) -> "str | None":
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:  # MPICH's Hydra: "HYDRA build details:" then "Version: 4.0.2"
+        if line.startswith("Version:"):
+            return f"Hydra {line.split(':', 1)[1].strip()}"
+    return lines[0] if lines else None
+
+
+def launcher_version(launcher: str, environ) -> dict:
+    """{"version", "source"}: the launcher's own version, where it says it."""
+    if launcher == "openmpi" and environ.get("OMPI_VERSION"):
+        return {"version": f"Open MPI {environ['OMPI_VERSION']}", "source": "OMPI_VERSION"}
+    if launcher in LAUNCHER_PACKAGES:
+        from importlib import metadata
+
+        dist = LAUNCHER_PACKAGES[launcher]
+        try:
+            return {"version": f"{dist} {metadata.version(dist)}",
+                    "source": f"{dist}'s metadata in this interpreter"}
+        except metadata.PackageNotFoundError:
+            return {"version": None, "source": f"{dist} is not installed for this interpreter"}
+    if launcher not in LAUNCHER_COMMANDS:
+        return {"version": None, "source": f"{launcher} has no version command"}
+    found = _launcher_command(launcher)
+    if found is None:
+        return {"version": None,
+                "source": f"{LAUNCHER_COMMANDS[launcher][0]} is neither an ancestor nor on PATH"}
+    command, how = found
+    import subprocess
+
+    clean = {k: v for k, v in environ.items() if not k.startswith(_JOB_PREFIXES)}
+    try:
+        p = subprocess.run([command, "--version"], env=clean, capture_output=True, text=True,
+                           errors="replace", timeout=VERSION_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"version": None, "source": f"`{command} --version` gave no answer within "
+                f"{VERSION_TIMEOUT:g} s ({how})"}
+    except OSError as exc:
+        return {"version": None, "source": f"`{command} --version` failed: {exc.strerror} ({how})"}
+    line = _first_version_line(p.stdout) if p.returncode == 0 else None
+    if line is None:
+        why = _first_version_line(p.stderr) or f"exit status {p.returncode}"
+        return {"version": None, "source": f"`{command} --version` failed: {why} ({how})"}
+    return {"version": line, "source": f"`{command} --version` ({how})"}
+
+
+def versions(env, environ=None) -> dict:
+    """distenv, Python, installed frameworks (metadata only: no framework is imported) and
+    the launcher's own version."""
+    import sys
+
+    from . import __version__
+
+    environ = os.environ if environ is None else environ
+    out = {"distenv": f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})",
+           "python": f"{sys.version.split()[0]} ({sys.executable})",
+           "packages": _distribution_versions(), "launcher": None}
+    if env is not None and env.launcher != "none":
+        out["launcher"] = {"name": env.launcher, **launcher_version(env.launcher, environ)}
     return out
 
 
@@ -527,24 +698,42 @@ def render(report: dict) -> str:
     """The human-readable report."""
     from .description import FIELDS
 
+    from .display import hosts_text, shorten
+
     lines = ["launch"]
     if report["launch"] is not None:
         width = max(len(f) for f in FIELDS)
         for name in FIELDS:
             value = report["launch"][name]
             if name == "hosts" and value:
-                value = ",".join(value) if len(value) <= 8 else f"{','.join(value[:4])},... ({len(value)})"
-            shown = "unknown" if value is None else str(value)
-            why = report["provenance"].get(name, "")
+                value = hosts_text(value)
+            elif isinstance(value, list):
+                value = ",".join(map(str, value))
+            shown = "unknown" if value is None else shorten(str(value))
+            why = shorten(report["provenance"].get(name, ""))
             lines.append(f"  {name:<{width}}  {shown:<16}  {why}".rstrip())
     else:
-        lines.append(f"  cannot be resolved: {report['error']}")
+        lines.append(f"  cannot be resolved: {shorten(report['error'])}")
     lines.append("")
     lines.append("findings")
     for f in report["findings"]:
-        lines.append(f"  [{f['level']}] {f['topic']}: {f['message']}")
+        lines.append(f"  [{f['level']}] {f['topic']}: {shorten(f['message'])}")
         if f["fix"]:
-            lines.append(f"      fix: {f['fix']}")
+            lines.append(f"      fix: {shorten(f['fix'])}")
+    if report.get("versions"):
+        v = report["versions"]
+        lines.append("")
+        lines.append("versions")
+        rows = [("distenv", v["distenv"]), ("python", v["python"]), *v["packages"].items()]
+        if v.get("launcher"):
+            launcher = v["launcher"]
+            rows.append((f"launcher ({launcher['name']})",
+                         f"{launcher['version'] or 'unknown'}  [{launcher['source']}]"))
+        missing = [p for p in PACKAGES if p not in v["packages"]]
+        if missing:
+            rows.append(("not installed", ", ".join(missing)))
+        width = max(len(name) for name, _ in rows)
+        lines += [f"  {name:<{width}}  {shorten(value)}" for name, value in rows]
     if report.get("probe"):
         lines.append("")
         p = report["probe"]
@@ -553,7 +742,7 @@ def render(report: dict) -> str:
     lines.append("environment (secret values redacted)")
     if report["environment"]:
         for name, value in report["environment"].items():
-            lines.append(f"  {name}={value}")
+            lines.append(f"  {name}={shorten(value)}")
     else:
         lines.append("  (no launcher, collective or thread variables set)")
     lines.append("")
@@ -562,12 +751,43 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args) -> int:
-    report = diagnose(probe=args.probe, timeout=args.timeout)
-    if args.json:
-        import json
+def summary(report: dict) -> str:
+    """One line: status, counts, the first error (else warning) and its fix."""
+    from .display import shorten
 
-        print(json.dumps(report, sort_keys=False))
+    counts = {level: sum(1 for f in report["findings"] if f["level"] == level) for level in LEVELS}
+    line = f"doctor: {report['status']}: {counts['error']} error(s), {counts['warning']} warning(s)"
+    worst = next((f for f in report["findings"] if f["level"] in ("error", "warning")), None)
+    if worst is not None:
+        line += f"; {worst['topic']}: {shorten(worst['message'])}"
+        if worst["fix"]:
+            line += f" Fix: {shorten(worst['fix'])}"
+    return line
+
+
+def main(args) -> int:
+    """`distenv doctor`: every rank checks; the ranks chosen by --ranks (default one per
+    node) print the report. A rank not chosen still prints its one-line summary when its
+    check fails: an error is never hidden."""
+    import json
+
+    from . import display
+    from .cli import _label, _write
+
+    env, report = _diagnose(None, args.probe, args.timeout, False)
+    code = exit_code(report)
+    summary_only = getattr(args, "summary", False)
+    if not display.chosen(env, args.ranks):
+        if code == 0:
+            return 0
+        summary_only = True
+    if args.json:
+        report["versions"] = versions(env)
+        text = json.dumps(report, sort_keys=False)
+    elif summary_only:
+        text = f"{display.rank_label(env)} on {os.uname().nodename}: {summary(report)}"
     else:
-        print(render(report))
-    return 1 if report["status"] == "error" else 0
+        report["versions"] = versions(env)
+        text = render(report)
+    _write(text, _label(args, env, machine=args.json or summary_only))
+    return code

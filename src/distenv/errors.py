@@ -24,3 +24,21 @@ class DistEnvError(ValueError):
         if len(text) > MAX_MESSAGE:
             text = text[: MAX_MESSAGE - 30] + f"... <{len(text)} chars>"
         super().__init__(text)
+
+    @property
+    def fix(self) -> "str | None":
+        """What to do, the text after ``Fix:`` in the message (None if it has none)."""
+        return split_fix(str(self))[1]
+
+    @property
+    def problem(self) -> str:
+        """What is wrong: the message without its ``Fix:`` part."""
+        return split_fix(str(self))[0]
+
+
+def split_fix(message: str) -> "tuple[str, str | None]":
+    """(problem, fix) of a message whose fix follows ``Fix:``; (message, None) without one."""
+    head, sep, tail = message.partition("Fix:")
+    if not sep or not tail.strip():
+        return message, None
+    return head.rstrip(), tail.strip()

@@ -160,7 +160,13 @@ def _interpreter(cmd) -> str:
 
 
 def _has_torch(python: str, environ) -> bool:
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    """Can the interpreter the user named import torch? Answered in this process only when
+    it is this very interpreter: two venvs' pythons are symlinks to one base Python (same
+    real path) with different site-packages, so a different path is asked directly."""
+    mine = os.path.abspath(sys.executable)
+    if os.path.abspath(python) == mine or (
+            os.path.dirname(os.path.abspath(python)) == os.path.dirname(mine)
+            and os.path.realpath(python) == os.path.realpath(mine)):  # python/python3 of one venv
         import importlib.util
 
         return importlib.util.find_spec("torch") is not None
@@ -282,8 +288,11 @@ def main(argv=None) -> int:
             return 2
         sys.stdout.write(USAGE)
         return 0
-    for warning in p.warnings:
-        sys.stderr.write(f"distenv run: warning: {warning}\n")
+    if p.warnings:
+        from .log import get_logger
+
+        for warning in p.warnings:
+            get_logger(__name__).warning(warning)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -341,7 +341,9 @@ def test_no_socket_without_probe():
 
 def test_cli_exit_status_and_json_shape(machine, capsys, monkeypatch):
     monkeypatch.setattr(os, "environ", {**OMPI_1X2, "OMP_NUM_THREADS": "4"})
-    assert cli_main(["doctor", "--json"]) == 0
+    # rank 1 has local rank 1: by default only local rank 0 of each node prints
+    assert cli_main(["doctor", "--json"]) == 0 and capsys.readouterr().out == ""
+    assert cli_main(["doctor", "--json", "--ranks", "all"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) >= {"launch", "provenance", "findings", "environment", "gpus", "cpu", "network",
                            "status"}

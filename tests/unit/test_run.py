@@ -240,6 +240,69 @@ def test_per_node_without_launcher_starts_two_workers(tmp_path):
     print(f"per-node, no launcher, 2 workers: {time.monotonic() - t0:.1f} s")
 
 
+LIGHTNING_PY = ROOT / ".venvs" / "lightning" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def venv_without_torch(tmp_path_factory):
+    """A real second venv of the same base Python as .venvs/lightning, without torch."""
+    if not LIGHTNING_PY.exists():
+        require(".venvs/lightning is missing (integrations/setup.sh)")
+    where = tmp_path_factory.mktemp("venv") / "plain"
+    subprocess.run([str(LIGHTNING_PY), "-m", "venv", "--without-pip", str(where)], check=True,
+                   timeout=120)
+    py = where / "bin" / "python"
+    assert subprocess.run([str(py), "-c", "import torch"], capture_output=True,
+                          timeout=60).returncode != 0
+    # The trap: both interpreters are symlinks to one base Python.
+    assert os.path.realpath(py) == os.path.realpath(LIGHTNING_PY)
+    return py
+
+
+def test_per_node_runs_the_named_interpreter_of_another_venv(venv_without_torch):
+    """distenv run from a venv without torch, naming another venv's python that has it:
+    that python starts torch.distributed.run and its two workers all-reduce."""
+    cmd = ["timeout", "-k", "5", "150", str(venv_without_torch), "-m", "distenv", "run",
+           "--nproc-per-node", "2", "--", str(LIGHTNING_PY), str(WORKER), "--allreduce"]
+    p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    recs = sorted(records(p.stdout), key=lambda r: int(r["vars"]["RANK"]))
+    assert [r["vars"]["RANK"] for r in recs] == ["0", "1"]
+    assert all(r["dist"]["sum"] == 3.0 for r in recs), recs
+
+
+def test_per_node_refuses_a_named_interpreter_without_torch(venv_without_torch, no_gpus):
+    """The reverse: this interpreter has torch, the named one does not (same real path)."""
+    if not have_torch():
+        require("torch is not installed in .venv")
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT / "src")}
+    code = ("import sys; from distenv import run\n"
+            "try:\n    run.plan(['--nproc-per-node', '2', '--', sys.argv[1], 't.py'], {})\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    p = subprocess.run([str(VENV_PY), "-c", code, str(venv_without_torch)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.stdout.startswith("DistEnvError "), p.stdout + p.stderr
+    assert f"{venv_without_torch} cannot import torch" in p.stdout and "Fix:" in p.stdout
+
+
+def test_same_venv_python_and_python3_are_answered_in_process(monkeypatch):
+    """python and python3 of this very venv: no subprocess (the answer is this process's)."""
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    twin = next((os.path.join(here, n) for n in ("python3", "python")
+                 if os.path.join(here, n) != os.path.abspath(sys.executable)
+                 and os.path.exists(os.path.join(here, n))), None)
+    if twin is None or os.path.realpath(twin) != os.path.realpath(sys.executable):
+        pytest.skip("this venv has a single python name")
+
+    def no_process(*a, **k):
+        raise AssertionError("started a process")
+
+    monkeypatch.setattr(subprocess, "run", no_process)
+    import importlib.util
+
+    assert run._has_torch(twin, {}) == (importlib.util.find_spec("torch") is not None)
+
+
 def test_per_node_sigterm_stops_every_worker(tmp_path):
     if not have_torch():
         require("torch is not installed in .venv")

@@ -1,0 +1,96 @@
+"""How the command line shows values and many ranks' output: one place, used by `distenv
+show` and `distenv doctor` alike.
+
+* `shorten`: a value longer than `MAX_VALUE` characters (a 100 kB ``TF_CONFIG``, a job id)
+  is cut to its start and its length, after redaction (so a secret is never cut in half
+  into something that no longer looks like one).
+* `rank_label`, `parse_ranks`, `chosen`: the ``[rank 3]`` prefix and ``--ranks`` selection
+  when every rank of a job runs the same command (``mpirun -np 4 distenv doctor``).
+"""
+
+from __future__ import annotations
+
+import os
+
+#: Longest value shown whole; longer ones keep their first `KEEP` characters.
+MAX_VALUE = 200
+KEEP = 120
+#: `--ranks` value: one process per node, the one with local rank 0 (a per-node launch's
+#: process stands for its node).
+PER_NODE = "per-node"
+
+
+def shorten(value):
+    """`value` unchanged if short (or not text), else its start and its length."""
+    if isinstance(value, str) and len(value) > MAX_VALUE:
+        return f"{value[:KEEP]}... ({len(value)} chars)"
+    if isinstance(value, (tuple, list)):
+        return type(value)(shorten(v) for v in value)
+    return value
+
+
+def hosts_text(hosts) -> str:
+    """A host list, its first four and the count when longer than eight."""
+    hosts = [shorten(h) for h in hosts]
+    if len(hosts) <= 8:
+        return ",".join(hosts)
+    return f"{','.join(hosts[:4])},... ({len(hosts)} hosts)"
+
+
+def rank_label(env) -> str:
+    """``rank 3`` (``node 1`` for the process of a per-node launch); the host and process
+    id when the description has neither (an unknown rank is never guessed)."""
+    from .description import PER_NODE as LAUNCH_PER_NODE
+
+    if env is not None and env.launch != LAUNCH_PER_NODE and env.rank is not None:
+        return f"rank {env.rank}"
+    if env is not None and env.launch == LAUNCH_PER_NODE and env.node_rank is not None:
+        return f"node {env.node_rank}"
+    return f"{os.uname().nodename} pid {os.getpid()}"
+
+
+def parse_ranks(spec: str):
+    """``all`` -> None; ``per-node``; ``0``, ``0,2``, ``0-3,8`` -> a frozenset of ranks.
+    Raises ValueError with the accepted forms."""
+    text = spec.strip().lower()
+    if text == "all":
+        return None
+    if text in (PER_NODE, "node", "nodes"):
+        return PER_NODE
+    ranks = set()
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()):
+                raise ValueError
+            ranks.update(range(int(lo), int(hi if dash else lo) + 1))
+    except ValueError:
+        raise ValueError(f"--ranks {spec!r}: expected all, per-node, or rank numbers "
+                         "(0 / 0,2 / 0-3)") from None
+    if not ranks:
+        raise ValueError(f"--ranks {spec!r}: no rank given")
+    return frozenset(ranks)
+
+
+def chosen(env, ranks) -> bool:
+    """Does this process print under `ranks` (from `parse_ranks`)? A process whose place
+    is unknown prints (never hidden on a guess). In a per-node launch the numbers are node
+    ranks: its processes are the nodes."""
+    from .description import PER_NODE as LAUNCH_PER_NODE
+
+    if ranks is None or env is None:
+        return True
+    per_node_launch = env.launch == LAUNCH_PER_NODE
+    if ranks == PER_NODE:
+        if per_node_launch:
+            return True
+        return env.local_rank is None or env.local_rank == 0
+    index = env.node_rank if per_node_launch else env.rank
+    return index is None or index in ranks
+
+
+def prefixed(text: str, label: "str | None") -> str:
+    """Every line of `text` with ``[label] `` in front (no change when label is None)."""
+    if label is None:
+        return text
+    return "\n".join(f"[{label}] {line}" if line else f"[{label}]" for line in text.split("\n"))
