@@ -25,6 +25,10 @@ def _show(args) -> int:
     from .resolver import resolve
 
     env = resolve()
+    if getattr(args, "discover", False):  # collective: before any rank decides not to print
+        from .discovery import complete
+
+        env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"))
     if not display.chosen(env, args.ranks):
         return 0
     if any(isinstance(v, str) and ("@" in v or "=" in v or "_" in v) for v in _strings(env)):
@@ -181,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--explain", action="store_true", help="which variable or rule gave each field")
     mode.add_argument("--summary", "--oneline", action="store_true",
                       help="one line: rank, local rank, node, launcher, master")
+    show.add_argument("--discover", action="store_true",
+                      help="ask the other ranks for what the launcher does not reveal, through "
+                      "the launcher's key-value service (MPICH, Intel MPI: PMI-1); every rank "
+                      "must run it")
     _many_ranks(show, "all")
     show.set_defaults(func=_show)
     exp = sub.add_parser("export", help="print `export VAR=value` lines for the torch variables "

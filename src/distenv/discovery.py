@@ -99,7 +99,7 @@ def _mpi_ready():
 
 def _from_exchange(env: DistEnv, ex) -> DistEnv:
     """`env` completed from a PMI exchange `ex` (distenv.pmi.Exchange)."""
-    why = f"{PMI_WHY} ({ex.why})"
+    why = f"{PMI_WHY} (Hydra, {'PMI_FD' if ex.mode == 'fd' else '-pmi-port'})"
     if ex.kvsname and env.provenance.get("master_port", "").startswith("torch's default"):
         # MPICH reveals no job id, but its key-value space name is one: the same on every
         # rank of one mpiexec, different across mpiexecs (kvs_<mpiexec pid>_0_<random>_<host>,

@@ -269,6 +269,11 @@ def _watch(watched: int, keep: int, select) -> None:
     os._exit(0)
 
 
+def used() -> bool:
+    """True when this process has run the exchange."""
+    return _done is not None and _done[0] == os.getpid()
+
+
 class Exchange:
     """What the exchange found: ``hosts[r]`` is rank r's host name."""
 
@@ -437,4 +442,4 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
             "DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR to skip the exchange.")
 
 
-__all__ = ["exchange", "offer", "Exchange", "Offer", "PMIError", "HELD_VAR"]
+__all__ = ["exchange", "offer", "used", "Exchange", "Offer", "PMIError", "HELD_VAR"]

@@ -207,9 +207,14 @@ def _bound_cores():
         return None
 
 
-def plan(argv, environ=None) -> Plan:
+def plan(argv, environ=None, discover: bool = False) -> Plan:
     """Resolve and decide what to exec, without side effects (apart from finding a free
-    port for a one-node per-node launch that has no job id to derive one from)."""
+    port for a one-node per-node launch that has no job id to derive one from).
+
+    `discover` (what `main` passes): when a field the launch needs is unknown and the
+    launcher offers a key-value service (MPICH, Intel MPI across nodes), ask the other
+    ranks there first (`distenv.discovery.complete`); the command then gets
+    DISTENV_PMI_HELD, so neither it nor its children use the service again."""
     from .resolver import resolve
 
     opts, cmd = parse(argv)
@@ -227,6 +232,14 @@ def plan(argv, environ=None) -> Plan:
             raise DistEnvError(f"--nproc-per-node {opts['nproc_per_node']} (passed on as "
                                f"DISTENV_NPROC_PER_NODE): {exc}") from None
         raise
+    if discover and environ is None:
+        from .discovery import complete
+        from .pmi import HELD_VAR, used
+
+        env = complete(env, need=("master_addr", "node_rank", "num_nodes") if env.launch == PER_NODE
+                       else ("master_addr", "world_size"))
+        if used():
+            child[HELD_VAR] = str(os.getpid())  # exec keeps the pid: see distenv.pmi.offer
     child["DISTENV_AUTO"] = "1"
     child["DISTENV_RUN"] = "1"
     warnings = []
@@ -281,7 +294,7 @@ def main(argv=None) -> int:
     """Entry point of `distenv run`: returns only on error (the command replaces us)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        p = plan(argv)
+        p = plan(argv, discover=True)
     except Usage as exc:
         if str(exc):
             sys.stderr.write(USAGE.split("\n\n")[0] + f"\ndistenv run: error: {exc}\n")
