@@ -22,8 +22,11 @@ temporary directory that is removed when training ends (and at exit):
 * progress bars: a silent ProgbarLogger on non-chief workers (``fit(verbose=...)`` then
   prints on the chief only), and TensorFlow's Python loggers lowered to errors there.
 
-`initialize()` feeds `keras.distribution.initialize` (JAX backend) from the resolved launch.
-Keras is imported inside the functions: `import distenv.keras` costs nothing without it.
+Keras 3 on the JAX backend (docs/frameworks/jax.md): `initialize()` starts
+`keras.distribution` from the resolved launch (through `distenv.jax`) and `data_parallel()`
+returns the `DataParallel` distribution for per-rank arrays or a global tf.data dataset; the
+callbacks above work there as under tf-keras (the chief is process 0, node 0 in a per-node
+launch). Keras is imported inside the functions: `import distenv.keras` costs nothing without it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import shutil
 import sys
 import tempfile
 
-from . import ports
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
@@ -241,55 +243,31 @@ def callbacks(cbs=None, *, env=None, strategy=None, chief: "bool | None" = None,
     return out
 
 
-# -- keras.distribution (JAX backend) --------------------------------------------------------
+# -- keras.distribution (Keras 3, JAX backend) ------------------------------------------------
 def initialize_args(env=None, *, environ=None, port: "int | None" = None) -> dict:
     """The arguments `initialize()` gives `keras.distribution.initialize`, without Keras:
-    ``{"job_addresses": "<rank 0 host>:<port>", "num_processes": N, "process_id": i}``.
+    ``{"job_addresses": "<process 0's host>:<port>", "num_processes": N, "process_id": i}``,
+    from `distenv.jax.plan` (one JAX process per worker, or per node in a per-node launch).
 
-    The coordinator port is `port`, else DISTENV_KERAS_PORT, else derived from the job
-    (never the master port, which torchrun's own store may hold).
+    The coordinator port is `port`, else JAX_COORDINATOR_PORT or DISTENV_KERAS_PORT, else
+    derived from the job (never the master port, which torchrun's own store may hold).
     """
-    if env is not None and not isinstance(env, DistEnv):
-        environ, env = env, None
-    src = os.environ if environ is None else environ
-    d = env if env is not None else _resolve(src)
-    per_node = d.launch == PER_NODE
-    count = d.num_nodes if per_node else d.world_size
-    index = d.node_rank if per_node else d.rank
-    if count is None or index is None:
-        raise DistEnvError(
-            f"keras.distribution needs the number of processes and this one's index, but "
-            f"{d.launcher} does not reveal {'them' if count is None and index is None else 'the count' if count is None else 'the index'}. "
-            "Fix: launch with a launcher that does, or set KERAS_DISTRIBUTION_NUM_PROCESSES and "
-            "KERAS_DISTRIBUTION_PROCESS_ID."
-        )
-    addr = d.master_addr
-    if addr is None:
-        if count == 1:
-            addr = "127.0.0.1"
-        else:
-            raise DistEnvError(
-                f"keras.distribution needs the coordinator (rank 0) address, which {d.launcher} "
-                "does not reveal across nodes. Fix: export MASTER_ADDR=<rank 0's host> to every "
-                "rank, or call distenv.discover() first and pass its result as env."
-            )
-    if port is None and src.get("DISTENV_KERAS_PORT"):
-        from .reading import parse_int
+    from .jax import plan
 
-        port = parse_int(src["DISTENV_KERAS_PORT"], "DISTENV_KERAS_PORT", minimum=1)
-    if port is None:
-        port = ports.port_for(f"keras:{d.launcher}:{d.job_id}:{addr}:{d.master_port}")
-        if port == d.master_port:
-            port += 1
-    host = f"[{addr}]" if ":" in addr else addr
-    return {"job_addresses": f"{host}:{port}", "num_processes": count, "process_id": index}
+    p = plan(env, environ=environ, port=port)
+    return {"job_addresses": p["coordinator_address"], "num_processes": p["num_processes"],
+            "process_id": p["process_id"]}
 
 
 def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False) -> dict:
     """Call `keras.distribution.initialize` with the launch's coordinator, size and index.
 
-    Keras 3 implements it for the JAX backend only. `set_environ` also writes the
-    KERAS_DISTRIBUTION_* variables. Returns the arguments used.
+    Keras 3 implements it for the JAX backend only: it starts `jax.distributed` and agrees on
+    one random seed across processes. Around that call distenv's JAX patch is in place
+    (`distenv.jax.patch`): devices bound, CPU collectives chosen, every process met within
+    DISTENV_TIMEOUT. Call it before any Keras or JAX computation; then
+    `keras.distribution.set_distribution(distenv.keras.data_parallel())`. `set_environ` also
+    writes the KERAS_DISTRIBUTION_* variables. Returns the arguments used.
     """
     args = initialize_args(env, port=port)
     if set_environ:
@@ -303,8 +281,53 @@ def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False
         raise DistEnvError(
             f"keras.distribution.initialize works with the JAX backend only; KERAS_BACKEND is "
             f"{backend!r}. Fix: set KERAS_BACKEND=jax before importing keras, or with TensorFlow "
-            "use distenv.tensorflow.strategy()."
+            "use distenv.tensorflow.strategy() and tf-keras."
         )
-    if args["num_processes"] > 1:
-        keras.distribution.initialize(**args)
+    jax_mod = sys.modules.get("jax")
+    patched_here = False
+    if jax_mod is not None and not getattr(jax_mod.distributed.initialize, "_distenv", False):
+        from . import jax as distenv_jax
+
+        distenv_jax.patch()
+        patched_here = True
+    try:
+        if args["num_processes"] > 1:
+            keras.distribution.initialize(**args)
+        elif jax_mod is not None:
+            # One process: no runtime to start, but the node's devices still to bind.
+            from . import jax as distenv_jax
+
+            distenv_jax.initialize(env=env if isinstance(env, DistEnv) else None)
+    finally:
+        if patched_here:
+            from . import jax as distenv_jax
+
+            distenv_jax.unpatch()
     return args
+
+
+#: How `data_parallel(data=...)` feeds Keras: each process's own share, or one global dataset.
+PER_RANK, GLOBAL = "per-rank", "global"
+
+
+def data_parallel(data: str = PER_RANK, devices=None):
+    """`keras.distribution.DataParallel` over every device of every process, its dataset
+    sharding set for how the script feeds data:
+
+    * ``data="per-rank"`` (default): each process passes its own share of every global batch
+      (NumPy arrays, or a dataset it already sharded), `fit(batch_size=<global batch> /
+      <processes>)`; Keras assembles the global batch from the processes' shares, in process
+      order. (`auto_shard_dataset=False`: Keras must not shard again.)
+    * ``data="global"``: every process passes the same `tf.data.Dataset` of global batches;
+      Keras shards it per process (`auto_shard_dataset=True`; tf.data only).
+
+    `devices`: the devices to use (default `keras.distribution.list_devices()`: all of them).
+    """
+    if data not in (PER_RANK, GLOBAL):
+        raise DistEnvError(f"data={data!r}: expected {PER_RANK!r} (each process feeds its own "
+                           f"share) or {GLOBAL!r} (one tf.data.Dataset of global batches).")
+    import keras
+
+    if devices is None:
+        devices = keras.distribution.list_devices()
+    return keras.distribution.DataParallel(devices=devices, auto_shard_dataset=data == GLOBAL)
