@@ -49,8 +49,11 @@ _BLOCK = ("block", "", "(null)", "unknown")
 
 
 def slurm_distribution(raw) -> str:
-    """The node-level part of SLURM_DISTRIBUTION ("cyclic:block" -> "cyclic")."""
-    return (raw or "block").split(":", 1)[0].strip().lower()
+    """The node-level part of SLURM_DISTRIBUTION ("cyclic:block" -> "cyclic", "block,pack"
+    -> "block", "*" -> "block"): the SLURM source's rule, one copy."""
+    from .sources.slurm import distribution
+
+    return distribution(raw)
 
 
 def slurm_task_nodes(counts, dist: str = "block", plane=None) -> "list[int]":
@@ -103,6 +106,19 @@ def slurm_rank_hosts(env, world_size=None, rank=None, node_rank=None) -> "list[s
         raise DistEnvError("SLURM does not reveal its tasks per node (no SLURM_STEP_TASKS_PER_NODE).")
     if len(counts) != len(hosts):
         raise DistEnvError(f"{var} lists {len(hosts)} node(s) but {cvar} {len(counts)}.")
+    # The SLURM source's proof conditions (sources/slurm.py): a job-level list names the
+    # step's nodes only when it has as many; arbitrary and heterogeneous layouts are unknown.
+    from .sources.slurm import layout_doubt
+
+    step_nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
+    if var != "SLURM_STEP_NODELIST" and str(len(hosts)) != (step_nodes or "").strip():
+        raise DistEnvError(f"no SLURM_STEP_NODELIST, and {var} is not the step's node list.")
+    nodeid = env.get("SLURM_NODEID")
+    gtids = env.get("SLURM_GTIDS")
+    doubt = layout_doubt(env, hosts, int(nodeid) if (nodeid or "").isdigit() else None, counts,
+                         gtids.split(",") if gtids else None)
+    if doubt is not None:
+        raise DistEnvError(doubt[0] + ".")
     dist = slurm_distribution(env.get("SLURM_DISTRIBUTION"))
     order = slurm_task_nodes(counts, dist, env.get("SLURM_DIST_PLANESIZE"))
     if world_size is not None and len(order) != world_size:
@@ -119,7 +135,9 @@ def slurm_rank_hosts(env, world_size=None, rank=None, node_rank=None) -> "list[s
 #: Platforms that start one process per node (even when it then is the node's only worker).
 PER_NODE_PLATFORMS = ("gcp", "vertex", "sagemaker")
 
-_SLURM_VARS = NODELIST_VARS + COUNT_VARS + ("SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE")
+_SLURM_VARS = NODELIST_VARS + COUNT_VARS + (
+    "SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_GTIDS",
+    "SLURM_HET_SIZE", "SLURM_PACK_SIZE", "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
 
 
 # -- host files (DISTENV_HOSTFILE) ----------------------------------------------------------
@@ -218,6 +236,19 @@ def with_rank_hosts(env, rank_hosts, why: str):
 
 def _short(hosts) -> str:
     return ",".join(hosts[:4]) + (f",... ({len(hosts)})" if len(hosts) > 4 else "")
+
+
+def display_node_rank(env) -> int:
+    """A node number for display only, where a framework insists on one and the launch does
+    not reveal it: ``rank // local_world_size``, which is the node index under block placement
+    with the same count on every node (Open MPI's default by-slot map, SLURM's block) and may
+    be wrong under others. Never a `DistEnv` field (those are proven or None); 0 when even
+    that is unknown (Lightning's own default without NODE_RANK)."""
+    if env.node_rank is not None:
+        return env.node_rank
+    if env.rank is not None and env.local_world_size:
+        return env.rank // env.local_world_size
+    return 0
 
 
 # -- TensorFlow cluster descriptions (one copy: the sources' rules) -----------------------

@@ -3,8 +3,48 @@
 Only `srun` makes tasks. The batch script looks like task 0 of N (SLURM_PROCID=0,
 SLURM_NTASKS=N) but has no step id; an `salloc` shell has only job-level variables.
 Both are single processes and are left to the `single` source, which says so.
-Node index and task counts per node come from the *step* variables; rank 0 runs on the
-first host of the step's node list for every distribution but `arbitrary`.
+
+What is read directly: rank (SLURM_PROCID), world size (SLURM_STEP_NUM_TASKS), local rank
+(SLURM_LOCALID), node count (SLURM_STEP_NUM_NODES), the node list (SLURM_STEP_NODELIST),
+tasks per node (SLURM_STEP_TASKS_PER_NODE), the ranks on this node (SLURM_GTIDS), job and
+step id. What is inferred, and why (docs/inferences.md has the whole table):
+
+====================  ==================================================================
+field                 rule and its proof
+====================  ==================================================================
+node_rank             SLURM_NODEID, the index of this node in the step's node list. It
+                      is also the node's place by lowest rank for block, cyclic and
+                      plane distributions: each deals task 0 to node 0 and fills the
+                      nodes in list order (srun(1) --distribution; measured on two
+                      nodes: block, cyclic, plane=2, -w node2,node1, -r 1,
+                      block:cyclic, cyclic:cyclic:block,nopack, block,pack).
+                      Unknown under ``arbitrary`` (tasks follow SLURM_HOSTFILE / -w
+                      order; measured: task 0 on node2 with SLURM_NODEID=1) and in
+                      heterogeneous steps (below).
+local_world_size      SLURM_GTIDS (ranks on this node), else the count at SLURM_NODEID
+                      in SLURM_STEP_TASKS_PER_NODE (same order as the node list).
+nproc_per_node        SLURM_STEP_TASKS_PER_NODE when every node has the same count.
+master_addr           the first host of SLURM_STEP_NODELIST: node 0 runs task 0 for
+                      block, cyclic and plane (as above). Unknown under ``arbitrary``
+                      and in heterogeneous steps.
+hosts                 SLURM_STEP_NODELIST; the job-level SLURM_NODELIST only when it has
+                      as many hosts as the step (a step's nodes are a subset of the
+                      job's, in the same node-table order; measured: an ``srun -r1 -N1``
+                      task sees the job's two hosts in SLURM_NODELIST).
+master_port           derived from SLURM_JOB_ID and the step id (the same in every task
+                      of the step, het components included: measured).
+====================  ==================================================================
+
+Heterogeneous steps (``srun A : B``, and jobs with SLURM_HET_SIZE): SLURM_NODEID numbers
+the nodes component by component while SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE
+are in node-table order (measured, SLURM 22.05: ``srun -w node2 : -w node1`` gives task 0
+SLURM_NODEID=0 on node2 with SLURM_STEP_NODELIST=node[1-2]). A het *job* says so in
+SLURM_HET_SIZE on every task; a het step inside an ordinary job sets no variable at all,
+so a task recognises it only where its own node contradicts the list (SLURMD_NODENAME is
+not the host at SLURM_NODEID, or SLURM_GTIDS has another count than the list gives it).
+On two nodes every task sees that (measured); with three or more nodes, tasks on a node
+whose place happens to agree cannot tell, so do not run distributed training as an
+``srun A : B`` step without MASTER_ADDR.
 """
 
 from __future__ import annotations
@@ -44,6 +84,44 @@ def step_id(env):
     return env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
 
 
+def distribution(raw) -> str:
+    """The node-level part of SLURM_DISTRIBUTION: "cyclic:block" -> "cyclic",
+    "block,pack" -> "block", "plane" -> "plane"; unset, "*" or "(null)" -> "block"
+    (srun's default; srun itself writes "*:cyclic" as "block:cyclic", measured)."""
+    text = (raw or "").split(":", 1)[0].split(",", 1)[0].strip().lower()
+    return "block" if text in ("", "*", "(null)", "unknown") else text
+
+
+HET_VARS = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
+
+
+def layout_doubt(env, hosts, node, counts, gtids) -> "tuple[str, bool] | None":
+    """Why SLURM_NODEID and the step's node list do not prove where task 0 runs and the
+    node order by lowest rank: (reason, counts_usable), or None when they do.
+
+    counts_usable: SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID] is still this node's count
+    (true under ``arbitrary``, where SLURM_NODEID indexes the node list; not in het steps).
+    """
+    dist = env.get("SLURM_DISTRIBUTION")
+    if dist and distribution(dist) == "arbitrary":
+        return (f"SLURM_DISTRIBUTION={dist}: tasks follow SLURM_HOSTFILE or the -w order, "
+                "not the node list, so task 0's host and the node order are unknown", True)
+    for var in HET_VARS:
+        if env.get(var):
+            return (f"{var}={env[var]}: a heterogeneous job, whose SLURM_NODEID counts nodes "
+                    "per component while the node list is sorted", False)
+    if node is None:
+        return None
+    name = env.get("SLURMD_NODENAME")
+    if hosts and name and node < len(hosts) and hosts[node] != name:
+        return (f"SLURMD_NODENAME={name} is not host {node} ({hosts[node]}) of the node list "
+                f"(SLURM_NODEID={node}): a heterogeneous step (srun ... : ...)", False)
+    if counts and gtids is not None and node < len(counts) and counts[node] != len(gtids):
+        return (f"SLURM_GTIDS lists {len(gtids)} task(s) on this node but the tasks per node "
+                f"give node {node} {counts[node]}: a heterogeneous step (srun ... : ...)", False)
+    return None
+
+
 class Slurm(Source):
     name = "slurm"
     title = "SLURM"
@@ -75,44 +153,55 @@ class Slurm(Source):
                     break
         rank, node = found.get("rank"), found.get("node_rank")
 
+        hosts = None
         for var in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
             text = get(var)
             if text:
-                hosts = _MEMO.get(("hosts", text))
-                if hosts is None:
-                    hosts = _remember(("hosts", text), tuple(expand_hostlist(text, var)))
-                values["hosts"] = hosts
+                listed = _MEMO.get(("hosts", text))
+                if listed is None:
+                    listed = _remember(("hosts", text), tuple(expand_hostlist(text, var)))
+                if var != "SLURM_STEP_NODELIST" and len(listed) != found.get("num_nodes"):
+                    # A job-level list names the step's nodes only when it has as many.
+                    r.notes.append(f"no SLURM_STEP_NODELIST, and {var} lists {len(listed)} "
+                                   "host(s), not the step's: the step's hosts are unknown")
+                    break
+                hosts = values["hosts"] = listed
                 why["hosts"] = var
                 break
-        else:
-            hosts = None
-        for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-            text = get(var)
+        counts = None
+        for cvar in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            text = get(cvar)
             if text:
                 counts = _MEMO.get(("counts", text))
                 if counts is None:
-                    counts = _remember(("counts", text), tuple(expand_tasks_per_node(text, var)))
-                self._per_node(r, counts, var, node)
+                    counts = _remember(("counts", text), tuple(expand_tasks_per_node(text, cvar)))
                 break
 
-        gtids = get("SLURM_GTIDS")
-        if gtids and rank is not None:
-            ranks = [s.strip() for s in gtids.split(",")]
-            if str(rank) not in ranks:
+        gtids_text = get("SLURM_GTIDS")
+        gtids = None
+        if gtids_text and rank is not None:
+            gtids = [s.strip() for s in gtids_text.split(",")]
+            if str(rank) not in gtids:
                 raise DistEnvError(
-                    f"SLURM_PROCID={rank} is not among SLURM_GTIDS={gtids!r}, the ranks SLURM "
-                    "placed on this node: the SLURM variables are mixed from two steps."
+                    f"SLURM_PROCID={rank} is not among SLURM_GTIDS={gtids_text!r}, the ranks "
+                    "SLURM placed on this node: the SLURM variables are mixed from two steps."
                 )
-            r.set("local_world_size", len(ranks),
-                  f"SLURM_GTIDS={gtids} ({len(ranks)} ranks on this node)")
 
-        if hosts:
-            if get("SLURM_DISTRIBUTION", "").startswith("arbitrary"):
-                r.notes.append("SLURM_DISTRIBUTION=arbitrary: rank 0's host is not the first "
-                               "of the node list; set MASTER_ADDR")
-            else:
-                values["master_addr"] = hosts[0]
-                why["master_addr"] = f"first host of {why['hosts']} (srun places task 0 there)"
+        doubt = layout_doubt(env, hosts, node, counts, gtids)
+        if counts is not None:
+            self._per_node(r, counts, cvar, node if doubt is None or doubt[1] else None)
+        if gtids is not None:
+            r.set("local_world_size", len(gtids),
+                  f"SLURM_GTIDS={gtids_text} ({len(gtids)} ranks on this node)")
+        if doubt is not None:
+            values.pop("node_rank", None)
+            why.pop("node_rank", None)
+            r.notes.append(doubt[0] + ". Fix: set MASTER_ADDR to task 0's host (and NODE_RANK "
+                           "if needed), or call distenv.discover().")
+        elif hosts:
+            values["master_addr"] = hosts[0]
+            why["master_addr"] = (f"first host of {why['hosts']} (block, cyclic and plane "
+                                  "distributions place task 0 on node 0)")
         job = get("SLURM_JOB_ID") or get("SLURM_JOBID")
         if job:
             values["job_id"] = job
