@@ -30,20 +30,39 @@ def variables(env: DistEnv) -> dict:
     return {k: values[k] for k in keep}
 
 
+#: How each launcher family passes a variable set in the job script to every rank.
+_PASS_ON = {
+    "openmpi": "mpirun -x MASTER_ADDR", "mpich": "mpiexec -genv MASTER_ADDR <host>",
+    "intelmpi": "mpiexec -genv MASTER_ADDR <host>", "mvapich2": "mpiexec -genv MASTER_ADDR <host>",
+    "pals": "mpiexec --env MASTER_ADDR=<host>",
+    "slurm": "srun passes the job script's environment", "lsf": "jsrun passes the environment",
+    "flux": "flux run passes the environment",
+}
+
+
 def missing_message(env: DistEnv, names) -> str:
+    """Why an incomplete launch cannot be exported, and what to set, in the words of the
+    launcher at hand (a plain RANK/WORLD_SIZE run has no mpirun to pass variables on)."""
     launcher = env.provenance.get("launcher", env.launcher)
-    hints = []
+    problems, fixes = [], []
     if "MASTER_ADDR" in names:
-        hints.append(
-            "MASTER_ADDR: the launcher does not reveal rank 0's host across nodes; export "
-            "MASTER_ADDR=<rank 0's host> in the job script and pass it to every rank "
-            "(mpirun -x MASTER_ADDR, mpiexec -genv MASTER_ADDR ...)"
-        )
+        if env.launcher in _PASS_ON:
+            problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR) across nodes")
+            fixes.append(f"export MASTER_ADDR=<rank 0's host> in the job script and pass it to "
+                         f"every rank ({_PASS_ON[env.launcher]})")
+        elif env.launcher == "env":
+            problems.append("RANK and WORLD_SIZE are set but MASTER_ADDR, rank 0's host, is not")
+            fixes.append("set MASTER_ADDR=<rank 0's host> (and MASTER_PORT) wherever RANK and "
+                         "WORLD_SIZE are set, the same on every rank")
+        else:
+            problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR)")
+            fixes.append("set MASTER_ADDR=<rank 0's host> for every rank")
     others = [n for n in names if n != "MASTER_ADDR"]
     if others:
-        hints.append(f"{', '.join(others)}: not revealed by {env.launcher} ({launcher}); "
-                     "set them, or run `distenv show --explain` to see what is known")
-    return "cannot export an incomplete launch: " + "; ".join(hints) + "."
+        problems.append(f"{', '.join(others)} not revealed by {env.launcher} ({launcher})")
+        fixes.append(f"set {', '.join(others)}, or run `distenv show --explain` to see what is known")
+    return ("cannot export an incomplete launch: " + "; ".join(problems)
+            + ". Fix: " + "; ".join(fixes) + ".")
 
 
 def export(env: DistEnv, environ=None, overwrite: bool = False) -> dict:

@@ -32,7 +32,8 @@ def parse_int(raw: str, name: str, who: str = "", minimum: int = 0) -> int:
     value = int(text)
     if value < minimum or value >= MAX_COUNT:
         raise DistEnvError(
-            f"{name}={show(raw)} is out of range (expected {minimum} <= {name} < {MAX_COUNT})."
+            f"{name}={show(raw)} is out of range (expected {minimum} <= {name} < {MAX_COUNT}). "
+            f"Fix: unset {name} or give it the launcher's value."
         )
     return value
 
@@ -51,7 +52,8 @@ def parse_json(raw: str, name: str):
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise DistEnvError(f"{name} is not valid JSON ({exc}): {show(raw)}") from None
+        raise DistEnvError(f"{name} is not valid JSON ({exc}): {show(raw)}. Fix: unset {name}, "
+                           "or give it the JSON its launcher or platform writes.") from None
 
 
 class Reading:

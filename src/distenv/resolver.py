@@ -19,7 +19,7 @@ from . import ports
 from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv, _build
 from .errors import DistEnvError
 from .placement import record as record_placement
-from .reading import Reading, get_int, parse_int, show
+from .reading import MAX_COUNT, Reading, get_int, parse_int, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
 OVERRIDABLE = frozenset(FIELDS) - {"launch"}
@@ -74,6 +74,7 @@ def resolve(environ=None, **overrides) -> DistEnv:
     r.values["launch"] = r.launch
     r.why["launch"] = (
         "one process per node, whose workers are yet to be started" if r.launch == PER_NODE
+        else "a single process, started without a launcher" if source is NONE.load()
         else "the launcher started every worker process"
     )
     if r.values.get("platform") is None:
@@ -156,7 +157,7 @@ class _MappingView:
 
 # -- 1. which launcher ------------------------------------------------------------------
 def _choose(env, forced):
-    why_forced = "given to resolve()"
+    why_forced = f"launcher={forced!r} given to resolve()"
     if forced is None and env.get("DISTENV_LAUNCHER", "").strip():
         forced, why_forced = env["DISTENV_LAUNCHER"], f"DISTENV_LAUNCHER={env['DISTENV_LAUNCHER']}"
     if forced is not None:
@@ -164,14 +165,16 @@ def _choose(env, forced):
         entry = find(name)
         if entry is None:
             raise DistEnvError(
-                f"unknown launcher {name!r} ({why_forced}). Known: {', '.join(names())}."
+                f"unknown launcher {name!r} ({why_forced}). Known: {', '.join(names())}. "
+                f"Fix: {_unforce(why_forced)} one of the known names."
             )
         source = entry.load()
         if entry is not NONE and (entry.present(env) is None or not source.detect(env)):
             wanted = ", ".join(entry.markers)
             raise DistEnvError(
                 f"{why_forced} forces {source.title}, but its variables ({wanted}) are absent "
-                "or say this is not one of its processes. Fix: unset DISTENV_LAUNCHER."
+                f"or say this is not one of its processes. Fix: {_unforce(why_forced)} the "
+                "launcher that started this process, or run under that launcher."
             )
         return source, why_forced
     for entry in LAUNCHERS:
@@ -182,6 +185,13 @@ def _choose(env, forced):
                     return source, f"{marker} present"
                 break
     return NONE.load(), "no launcher variables found"
+
+
+def _unforce(why_forced: str) -> str:
+    """The fix's verb for a forced launcher: where the force came from."""
+    if not why_forced.endswith("given to resolve()"):
+        return "unset DISTENV_LAUNCHER, or set it to"
+    return "drop launcher= from the resolve() call, or give it"
 
 
 def _platform(env, r, source, forced):
@@ -214,13 +224,27 @@ def _nproc_value(raw: str, name: str, env):
         gpus, why = visible_gpus(env)
         if text == "cpu" or (text == "auto" and gpus == 0):
             if text == "gpu":
-                raise DistEnvError(f"{name}=gpu but no GPU is visible ({why}).")
+                raise DistEnvError(f"{name}=gpu but {_no_gpu(why)}. Fix: {NPROC_FIX}")
             count = os.cpu_count() or 1
             return count, f"{name}={raw} ({count} CPU cores)"
         if gpus == 0:
-            raise DistEnvError(f"{name}={raw} but no GPU is visible ({why}).")
+            raise DistEnvError(f"{name}={raw} but {_no_gpu(why)}. Fix: {NPROC_FIX}")
         return gpus, f"{name}={raw} ({why})"
-    return parse_int(raw, name, minimum=1), f"{name}={raw}"
+    if not (len(text) <= 12 and text.isascii() and text.isdigit() and 1 <= int(text) < MAX_COUNT):
+        raise DistEnvError(f"{name}={show(raw)} is not a number of workers per node. "
+                           f"Fix: {NPROC_FIX}")
+    return int(text), f"{name}={raw}"
+
+
+#: The valid values of DISTENV_NPROC_PER_NODE (and resolve(nproc_per_node=...)).
+NPROC_FIX = ("give DISTENV_NPROC_PER_NODE a positive number of workers per node, auto (one per "
+             "visible GPU, else one per CPU core), gpu (one per visible GPU) or cpu (one per CPU "
+             "core), or unset it.")
+
+
+def _no_gpu(why: str) -> str:
+    """'no GPU is visible (...)' without repeating itself when `why` already says so."""
+    return why if why.startswith("no GPU") else f"no GPU is visible ({why})"
 
 
 def _wanted(env, override):
