@@ -7,7 +7,7 @@ In a distributed launch this
    different value: that is a `DistEnvError`), and
 2. installs an import hook (a `sys.meta_path` finder whose loader wraps the real one) that
    applies distenv's framework adapters right after -- and only when -- the script imports
-   Lightning, Transformers/Accelerate, DeepSpeed or TensorFlow. A framework imported before
+   Lightning, Transformers/Accelerate, DeepSpeed, TensorFlow or JAX. A framework imported before
    ``distenv.auto`` is patched at once.
 
 Outside a distributed launch (a single process) it does nothing at all: no variable written,
@@ -34,6 +34,9 @@ HOOKS = {
     # are set; prepare() checks they are (and refuses a per-node launch with the fix).
     "deepspeed": ("distenv.deepspeed", "prepare"),
     "tensorflow": ("distenv.tensorflow", "patch"),
+    # jax.distributed.initialize() (and keras.distribution.initialize() on the JAX backend,
+    # which calls it) with no arguments: filled from the launch.
+    "jax": ("distenv.jax", "patch"),
 }
 #: Adapters applied again for each of their frameworks imported (they patch what is
 #: imported and are idempotent): `import lightning` and later `import pytorch_lightning`
@@ -66,6 +69,12 @@ def activate(environ=None, reason: str = "import distenv.auto"):
     found = resolve(target)
     if not found.is_distributed:
         return None
+    if environ is None and (found.master_addr is None or found.world_size is None):
+        # MPICH/Intel MPI across nodes, or a command `distenv run` exec'ed after exchanging:
+        # the launcher's key-value service (distenv.discovery.complete).
+        from .discovery import complete
+
+        found = complete(found, need=("master_addr", "world_size"))
     before = {name: target.get(name) for name in _EXPORTED_NAMES}
     written = found.export(target)
     exported.update({name: before.get(name) for name in written})
@@ -77,9 +86,15 @@ def activate(environ=None, reason: str = "import distenv.auto"):
             f"this is a per-node launch ({reason}): this process stands for node "
             f"{found.node_rank} of {found.num_nodes}, and its {found.nproc_per_node} worker(s) are "
             "still to be started. A Lightning Trainer starts them itself (patched by distenv); "
+            "a JAX or Keras 3 (JAX) script runs as the node's one JAX process, owning its devices; "
             "any other script: start it with `distenv run [--nproc-per-node N] -- python "
             "script.py ...` so that torch's launcher starts them.")
     install()
+    from . import _teardown
+
+    # Whoever starts the process group (the script, Accelerate, Lightning), it ends in order
+    # at exit: torch's gloo threads can otherwise abort a finished job (see distenv._teardown).
+    _teardown.register()
     return found
 
 

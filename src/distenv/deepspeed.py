@@ -123,7 +123,8 @@ def check_batch_size(config, world_size: "int | None" = None, *,
             raise DistEnvError("check_batch_size: the launcher does not reveal the world size. "
                                "Fix: pass world_size= (or data_parallel_size=).")
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-        raise DistEnvError(f"check_batch_size: data-parallel size {dp!r} is not a positive integer.")
+        raise DistEnvError(f"check_batch_size: data-parallel size {dp!r} is not a positive integer. "
+                           "Fix: pass world_size= (or data_parallel_size=) as a number >= 1.")
     tbs, micro, gas = _value(config, _TBS), _value(config, _MICRO), _value(config, _GAS)
     where = f"with {dp} data-parallel process{'es' if dp != 1 else ''}"
 

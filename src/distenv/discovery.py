@@ -37,14 +37,22 @@ def _with(env: DistEnv, changes: dict, why: str) -> DistEnv:
     return DistEnv(values, provenance, env.notes)
 
 
+#: The fix of a contradiction between what the launcher says and what the ranks found.
+STALE = ("Fix: run every rank under the same launcher and job, and unset variables left over "
+         "from another job (distenv show --explain names where each value came from).")
+
+
 def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
     """Complete `env` from every rank's host name (index = global rank). Pure, for tests."""
     if env.rank is None or env.world_size is None:
-        raise DistEnvError("discovery needs a per-process launch with a known rank and world size.")
+        raise DistEnvError("discovery needs a per-process launch with a known rank and world size. "
+                           "Fix: run it in every rank of a launch that gives them (mpirun -np N, "
+                           "srun -n N), not in a per-node or single process.")
     if len(names) != env.world_size:
         raise DistEnvError(
             f"discovery saw {len(names)} ranks but the launcher says world_size={env.world_size} "
-            f"({env.provenance.get('world_size')})."
+            f"({env.provenance.get('world_size')}). Fix: run discovery in every rank of the job, "
+            "and in no other process."
         )
     nodes: list = []
     for name in names:  # nodes ordered by their lowest rank
@@ -59,7 +67,8 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
     ):
         if known is not None and known != found:
             raise DistEnvError(
-                f"{field}={known} ({env.provenance.get(field)}) contradicts discovery ({why}): {found}."
+                f"{field}={known} ({env.provenance.get(field)}) contradicts discovery ({why}): {found}. "
+                + STALE
             )
     counts = {names.count(n) for n in nodes}
     changes = {
@@ -122,12 +131,13 @@ def _from_exchange(env: DistEnv, ex) -> DistEnv:
             known = getattr(env, field)
             if known is not None and known != found:
                 raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
-                                   f"the {why}: {found}.")
+                                   f"the {why}: {found}. " + STALE)
         return _with(env, {"node_rank": ex.rank, "num_nodes": ex.size, "hosts": tuple(ex.hosts),
                            "master_addr": env.master_addr or ex.hosts[0]}, why)
     if env.rank is not None and env.rank != ex.rank:
         raise DistEnvError(f"rank={env.rank} ({env.provenance.get('rank')}) but Hydra's "
-                           f"key-value service says rank {ex.rank}: the launch is not this job.")
+                           f"key-value service says rank {ex.rank}: the launch is not this job. "
+                           + STALE)
     if env.world_size is None:  # -pmi-port: the handshake gives the size PMI_SIZE would have
         env = _with(env, {"world_size": ex.size}, why)
         env = DistEnv(env.to_dict(), env.provenance,
@@ -182,7 +192,8 @@ def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *, timeout=No
 
         env = resolve()
     if method not in ("mpi4py", "pmi", "auto"):
-        raise DistEnvError(f"unknown discovery method {method!r}: 'mpi4py', 'pmi' or 'auto'.")
+        raise DistEnvError(f"unknown discovery method {method!r}. Fix: pass method='mpi4py', "
+                           "'pmi' or 'auto'.")
     if method == "auto":
         if _mpi_ready() is not None:
             method = "mpi4py"
@@ -201,14 +212,15 @@ def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *, timeout=No
         from mpi4py import MPI
     except ImportError:
         raise DistEnvError(
-            "discovery with mpi4py needs mpi4py built for your MPI: pip install mpi4py. "
-            "Without it, set MASTER_ADDR (and NODE_RANK) in the job script instead."
+            "discovery with mpi4py needs mpi4py built for your MPI. Fix: pip install mpi4py; "
+            "without it, set MASTER_ADDR (and NODE_RANK) in the job script instead."
         ) from None
     comm = MPI.COMM_WORLD
     if comm.Get_rank() != env.rank or comm.Get_size() != env.world_size:
         raise DistEnvError(
             f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but distenv resolved "
-            f"rank={env.rank} of world_size={env.world_size}: the launch is not this MPI job."
+            f"rank={env.rank} of world_size={env.world_size}: the launch is not this MPI job. "
+            + STALE
         )
     names = comm.allgather(socket.gethostname())
     return from_hostnames(env, names, "mpi4py allgather of host names")

@@ -83,7 +83,8 @@ def plan(env=None, *, environ=None, controller: "str | None" = None) -> dict:
         )
     wanted = (controller or src.get("DISTENV_HOROVOD_CONTROLLER") or "auto").strip().lower()
     if wanted not in ("auto", "mpi", "gloo"):
-        raise DistEnvError(f"DISTENV_HOROVOD_CONTROLLER={wanted!r}: use mpi, gloo or auto.")
+        raise DistEnvError(f"DISTENV_HOROVOD_CONTROLLER={wanted!r} is not a controller. Fix: set "
+                           "it to mpi, gloo or auto (or unset it: auto).")
     base = {"env": d, "environ": {}, "server": False, "address": None}
     if d.launcher == "horovodrun":
         return {**base, "controller": "horovodrun"}

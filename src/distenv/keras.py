@@ -325,7 +325,8 @@ def data_parallel(data: str = PER_RANK, devices=None):
     """
     if data not in (PER_RANK, GLOBAL):
         raise DistEnvError(f"data={data!r}: expected {PER_RANK!r} (each process feeds its own "
-                           f"share) or {GLOBAL!r} (one tf.data.Dataset of global batches).")
+                           f"share) or {GLOBAL!r} (one tf.data.Dataset of global batches). "
+                           f"Fix: pass data={PER_RANK!r} or data={GLOBAL!r}.")
     import keras
 
     if devices is None:

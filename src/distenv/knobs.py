@@ -65,7 +65,8 @@ def side_port(env, purpose: str, environ=None, var: "str | None" = None, given=N
     if given is not None:
         given = int(given)
         if given + width - 1 > 65535:
-            raise DistEnvError(f"{name}={given} + {width} port(s) passes 65535.")
+            raise DistEnvError(f"{name}={given} + {width} port(s) passes 65535. Fix: choose a "
+                               f"port of at most {65536 - width}, or unset it (derived from the job).")
         return given
     host = env.master_addr if addr is None else addr
     base = ports.port_for(f"{purpose}:{env.launcher}:{env.job_id}:{host}:{env.master_port}")

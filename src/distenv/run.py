@@ -193,9 +193,12 @@ def _free_port(host: str = "127.0.0.1") -> int:
 def _how_else(env) -> str:
     world = f"{env.world_size}" if env.world_size else "<workers>"
     nproc = env.nproc_per_node or "<N>"
-    if env.launcher in ("openmpi", "mpich", "intelmpi", "mvapich2", "pals"):
+    from .sources import family
+
+    kind = family(env.launcher)  # launcher families live on the Source classes
+    if kind == "mpi":
         return f"have mpirun start every worker (mpirun -np {world} ..., {nproc} per node) and drop --nproc-per-node"
-    if env.launcher == "slurm":
+    if kind == "slurm":
         return f"have srun start every worker (srun --ntasks-per-node={nproc} ...) and drop --nproc-per-node"
     return "start one process per worker with your launcher"
 
@@ -234,12 +237,13 @@ def plan(argv, environ=None, discover: bool = False) -> Plan:
         raise
     if discover and environ is None:
         from .discovery import complete
-        from .pmi import HELD_VAR, used
+        from .pmi import HELD_VAR, handoff
 
         env = complete(env, need=("master_addr", "node_rank", "num_nodes") if env.launch == PER_NODE
                        else ("master_addr", "world_size"))
-        if used():
-            child[HELD_VAR] = str(os.getpid())  # exec keeps the pid: see distenv.pmi.offer
+        held = handoff()
+        if held is not None:  # exec keeps the pid: see distenv.pmi.offer and .inherited
+            child[HELD_VAR] = held
     child["DISTENV_AUTO"] = "1"
     child["DISTENV_RUN"] = "1"
     warnings = []
@@ -249,7 +253,9 @@ def plan(argv, environ=None, discover: bool = False) -> Plan:
         env.export(child)
         if style != "none" and env.local_rank is None:
             raise DistEnvError(f"--local-rank-arg {style}: the local rank is not known under "
-                               f"{env.launcher} ({env.provenance.get('local_rank', 'not revealed')}).")
+                               f"{env.launcher} ({env.provenance.get('local_rank', 'not revealed')}). "
+                               "Fix: set LOCAL_RANK for each process, or drop --local-rank-arg "
+                               "and read the LOCAL_RANK variable in the script.")
         return Plan(with_local_rank(cmd, style, str(env.local_rank)), child, env, "exec", warnings)
 
     # Per-node: torch's elastic launcher starts the workers on this node.

@@ -26,7 +26,8 @@ class AzureML(Source):
         if node:
             addr, sep, _port = node.rpartition(":")
             if not sep or not addr:
-                raise DistEnvError(f"AZ_BATCH_MASTER_NODE={show(node)} is not '<address>:<port>'.")
+                raise DistEnvError(f"AZ_BATCH_MASTER_NODE={show(node)} is not '<address>:<port>'. "
+                                   "Fix: leave it as Azure ML writes it, or unset it.")
             # Azure starts rank 0 on this node. Its port is reserved for the Batch service
             # ("do not use it for MPI or NCCL"), so only the address is taken.
             r.set("master_addr", addr, "AZ_BATCH_MASTER_NODE (Azure ML's master node)")

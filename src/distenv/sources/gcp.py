@@ -46,13 +46,19 @@ def training_nodes(spec) -> "list[str]":
     return out
 
 
+#: The fix for a CLUSTER_SPEC distenv cannot read.
+PLATFORM_FIX = ("Fix: leave CLUSTER_SPEC as the platform (GCP AI Platform / Vertex AI) writes "
+                "it, the same on every replica, and do not set it yourself.")
+
+
 def task_node_rank(spec) -> "int | None":
     task = spec.get("task")
     if not isinstance(task, dict):
         return None
     kind, index = task.get("type"), task.get("index")
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise DistEnvError(f"CLUSTER_SPEC task index {index!r} is not a non-negative integer.")
+        raise DistEnvError(f"CLUSTER_SPEC task index {index!r} is not a non-negative integer. "
+                           + PLATFORM_FIX)
     cluster = spec["cluster"]
     offset = 0
     for pool in PRIMARY + WORKERS:
@@ -60,7 +66,7 @@ def task_node_rank(spec) -> "int | None":
             if index >= len(cluster.get(pool, ())):
                 raise DistEnvError(
                     f"CLUSTER_SPEC task {kind}[{index}] is not in its cluster "
-                    f"({len(cluster.get(pool, ()))} {kind} replica(s))."
+                    f"({len(cluster.get(pool, ()))} {kind} replica(s)). " + PLATFORM_FIX
                 )
             return offset + index
         offset += len(cluster.get(pool, ()))
@@ -90,12 +96,13 @@ def tf_config(env) -> "dict | None":
         kind = TF_TYPES.get(pool)
         if kind is None:
             raise DistEnvError(f"CLUSTER_SPEC pool {pool!r} is not one TensorFlow knows "
-                               f"({', '.join(TF_TYPES)}).")
+                               f"({', '.join(TF_TYPES)}). " + PLATFORM_FIX)
         cluster.setdefault(kind, []).extend(str(t) for t in tasks)
     task = spec.get("task") or {}
     kind = TF_TYPES.get(task.get("type"))
     if kind is None:
-        raise DistEnvError(f"CLUSTER_SPEC task type {task.get('type')!r} is not a known pool.")
+        raise DistEnvError(f"CLUSTER_SPEC task type {task.get('type')!r} is not a known pool. "
+                           + PLATFORM_FIX)
     config = {"cluster": cluster, "task": {"type": kind, "index": task.get("index", 0)},
               "environment": "cloud"}
     return parse(json.dumps(config), "CLUSTER_SPEC")
@@ -130,7 +137,8 @@ class GoogleCloud(Source):
             if from_spec is not None and from_spec != rank:
                 raise DistEnvError(
                     f"RANK={rank} contradicts CLUSTER_SPEC, whose task is node {from_spec} "
-                    "(primary pool first, then workers)."
+                    "(primary pool first, then workers). Fix: unset RANK if the job script sets "
+                    "it; the platform's RANK and CLUSTER_SPEC agree."
                 )
         elif from_spec is not None:
             r.set("node_rank", from_spec, "CLUSTER_SPEC task (primary pool first, then workers)")
@@ -138,7 +146,9 @@ class GoogleCloud(Source):
             task = spec.get("task") or {}
             raise DistEnvError(
                 f"CLUSTER_SPEC task {task.get('type')!r} is not a training replica "
-                "(parameter server, reduction server or evaluator): it has no rank."
+                "(parameter server, reduction server or evaluator): it has no rank. Fix: do not "
+                "resolve a training launch in this replica (run its own server or evaluator "
+                "code there), or make it a worker pool."
             )
         size = get_int(env, "WORLD_SIZE", kind, minimum=1)
         if size is not None:
@@ -146,7 +156,8 @@ class GoogleCloud(Source):
             if nodes and len(nodes) != size:
                 raise DistEnvError(
                     f"WORLD_SIZE={size} contradicts CLUSTER_SPEC, which lists "
-                    f"{len(nodes)} training replica(s)."
+                    f"{len(nodes)} training replica(s). Fix: unset WORLD_SIZE if the job script "
+                    "sets it; the platform's WORLD_SIZE and CLUSTER_SPEC agree."
                 )
         elif nodes:
             r.set("num_nodes", len(nodes), "CLUSTER_SPEC training replicas")

@@ -23,7 +23,7 @@ def parse_nnodes(raw: str, name: str) -> int:
         if lo != hi:
             raise DistEnvError(
                 f"{name}={raw!r} is an elastic range: the node count is decided at rendezvous. "
-                "Run torchrun in the pod (it reads PET_*), or set a fixed node count."
+                "Fix: run torchrun in the pod (it reads PET_*), or set a fixed node count."
             )
         return lo
     return parse_int(raw, name, minimum=1)
@@ -65,7 +65,9 @@ class Kubeflow(Source):
         if size is not None and total is not None and size != total:
             raise DistEnvError(
                 f"WORLD_SIZE={size} contradicts {r.why.get('num_nodes')} x "
-                f"{r.why.get('nproc_per_node')} = {total} processes."
+                f"{r.why.get('nproc_per_node')} = {total} processes. Fix: unset WORLD_SIZE in "
+                "the pod spec (the operator's PET_* variables give the job's size), or make the "
+                "replica count and nprocPerNode match it."
             )
 
 

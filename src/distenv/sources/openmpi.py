@@ -44,6 +44,8 @@ def prterun_host(namespace: str) -> "str | None":
 class OpenMPI(Source):
     name = "openmpi"
     title = "Open MPI"
+    family = "mpi"
+    prefixes = ('OMPI_', 'PMIX_', 'PRTE_', 'ORTE_')
     aliases = ("openmpi", "ompi")
     can_be_per_node = True
 

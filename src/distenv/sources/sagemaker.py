@@ -16,15 +16,21 @@ from . import Source
 from ._common import block_layout
 
 
+#: The fix for SageMaker variables distenv cannot read.
+SM_FIX = ("Fix: leave SM_HOSTS and SM_CURRENT_HOST as SageMaker writes them (a JSON list of "
+          "the job's hosts, and this host's name in it), or unset both outside SageMaker.")
+
+
 def hosts(env) -> "list[str] | None":
     raw = env.get("SM_HOSTS")
     if raw is None:
         return None
     value = parse_json(raw, "SM_HOSTS")
     if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
-        raise DistEnvError(f"SM_HOSTS must be a non-empty JSON list of host names, got {show(raw)}.")
+        raise DistEnvError(f"SM_HOSTS must be a non-empty JSON list of host names, got {show(raw)}. "
+                           + SM_FIX)
     if len(set(value)) != len(value):
-        raise DistEnvError(f"SM_HOSTS lists a host twice: {show(raw)}.")
+        raise DistEnvError(f"SM_HOSTS lists a host twice: {show(raw)}. " + SM_FIX)
     return value
 
 
@@ -34,7 +40,8 @@ def current_index(env, names) -> "int | None":
         return None
     if current not in names:
         raise DistEnvError(
-            f"SM_CURRENT_HOST={show(current)} is not in SM_HOSTS={show(env.get('SM_HOSTS'))}."
+            f"SM_CURRENT_HOST={show(current)} is not in SM_HOSTS={show(env.get('SM_HOSTS'))}. "
+            + SM_FIX
         )
     return names.index(current)
 

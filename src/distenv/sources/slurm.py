@@ -125,6 +125,8 @@ def layout_doubt(env, hosts, node, counts, gtids) -> "tuple[str, bool] | None":
 class Slurm(Source):
     name = "slurm"
     title = "SLURM"
+    family = "slurm"
+    prefixes = ('SLURM_',)
     aliases = ("slurm", "srun")
     can_be_per_node = True
 

@@ -14,32 +14,42 @@ from ..reading import parse_json, show
 from . import Source
 
 CHIEFS = ("chief", "master")
+#: What a valid TF_CONFIG looks like, for the errors' Fix (TensorFlow's documented form).
+FORM = ('{"cluster": {"worker": ["host0:port", "host1:port"]}, '
+        '"task": {"type": "worker", "index": 0}}')
 TRAINING = CHIEFS + ("worker",)
 
 
 def parse(raw: str, name: str = "TF_CONFIG") -> dict:
     config = parse_json(raw, name)
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-        raise DistEnvError(f"{name} has no 'cluster' mapping: {show(raw)}.")
+        raise DistEnvError(f"{name} has no 'cluster' mapping: {show(raw)}. Fix: give {name} "
+                           f"the form {FORM} (as the platform writes it), or unset it.")
     cluster = config["cluster"]
     for kind, tasks in cluster.items():
         if not isinstance(tasks, list) or not all(isinstance(t, str) and ":" in t for t in tasks):
-            raise DistEnvError(f"{name} cluster[{kind!r}] must be a list of 'host:port' strings.")
+            raise DistEnvError(f"{name} cluster[{kind!r}] must be a list of 'host:port' strings. "
+                               f"Fix: give {name} the form {FORM}.")
     if sum(len(cluster[k]) for k in CHIEFS if k in cluster) > 1:
-        raise DistEnvError(f"{name} lists more than one chief.")
+        raise DistEnvError(f"{name} lists more than one chief. Fix: keep one 'chief' (or "
+                           "'master') task in its cluster; the others are workers.")
     task = config.get("task")
     if not isinstance(task, dict) or not isinstance(task.get("type"), str):
-        raise DistEnvError(f"{name} has no task type: distenv cannot tell which task this is.")
+        raise DistEnvError(f"{name} has no task type: distenv cannot tell which task this is. "
+                           f"Fix: give each process its own {name} with \"task\": "
+                           "{\"type\": \"worker\", \"index\": <its index>}.")
     index = task.get("index", 0)
     if not isinstance(index, int) or isinstance(index, bool):
-        raise DistEnvError(f"{name} task index {index!r} is not an integer.")
+        raise DistEnvError(f"{name} task index {index!r} is not an integer. Fix: set "
+                           "\"index\" to this task's position in its cluster list (0, 1, ...).")
     tasks = cluster.get(task["type"])
     if task["type"] == "evaluator" and tasks is None:
         return config  # TensorFlow never lists the evaluator in the cluster
     if tasks is None or not 0 <= index < len(tasks):
         raise DistEnvError(
             f"{name} task {task['type']}[{index}] is not in its cluster "
-            f"({len(tasks or ())} {task['type']} task(s))."
+            f"({len(tasks or ())} {task['type']} task(s)). Fix: list every task of the job in "
+            f"{name}'s cluster, the same on every process, with this one's type and index."
         )
     return config
 
