@@ -43,11 +43,16 @@ HOSTS_FILE = "/etc/hosts"
 
 LEVELS = ("error", "warning", "info", "ok")
 
-#: Variables shown in the report (values redacted where secret).
-SHOWN_PREFIXES = (
-    "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "PMIX_RANK", "PMIX_NAMESPACE", "PMI_",
-    "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "SLURM_", "PALS_", "FLUX_", "JSM_", "LSB_",
-    "TORCHELASTIC_", "HOROVOD_", "PET_", "SM_", "AZ_BATCH", "AZUREML_", "AWS_", "KUBERNETES_SERVICE",
+def _launcher_prefixes() -> tuple:
+    from .sources import prefixes  # every source names the variables it reads (`prefixes`)
+
+    return prefixes()
+
+
+#: Variables shown in the report (values redacted where secret): every launcher's and
+#: platform's own (from the sources), then the communication and threading libraries'.
+SHOWN_PREFIXES = _launcher_prefixes() + (
+    "AWS_", "KUBERNETES_SERVICE",
     "NCCL_", "GLOO_", "UCX_", "FI_", "OMP_", "MKL_NUM", "OPENBLAS_NUM", "CUDA_VISIBLE",
     "HIP_VISIBLE", "ROCR_VISIBLE", "DISTENV_", "TORCH_DISTRIBUTED_",
 )

@@ -30,11 +30,11 @@ import socket
 import sys
 import time
 
-from . import ports
+from . import knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
-DEFAULT_TIMEOUT = 180.0
+DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
 #: Launchers whose ranks Horovod's MPI controller joins (Horovod is usually built with Open MPI).
 MPI_LAUNCHERS = ("openmpi",)
 _server = {}
@@ -52,21 +52,12 @@ def _inputs(env, environ):
 
 
 def _timeout(timeout, src) -> float:
-    if timeout is not None:
-        return float(timeout)
-    raw = src.get("DISTENV_TIMEOUT")
-    return float(raw) if raw else DEFAULT_TIMEOUT
+    return knobs.timeout(src, timeout)
 
 
 def rendezvous_port(d: DistEnv, src=None) -> int:
     """The self-rendezvous server's port: DISTENV_HOROVOD_PORT, else derived from the job."""
-    src = os.environ if src is None else src
-    if src.get("DISTENV_HOROVOD_PORT"):
-        from .reading import parse_int
-
-        return parse_int(src["DISTENV_HOROVOD_PORT"], "DISTENV_HOROVOD_PORT", minimum=1)
-    port = ports.port_for(f"horovod:{d.launcher}:{d.job_id}:{d.master_addr}:{d.master_port}")
-    return port + 1 if port == d.master_port else port
+    return knobs.side_port(d, "horovod", src, "DISTENV_HOROVOD_PORT")
 
 
 def plan(env=None, *, environ=None, controller: "str | None" = None) -> dict:
@@ -174,14 +165,7 @@ def _wait_for(host: str, port: int, timeout: float, d: DistEnv) -> None:
 
 
 def _share_of_cores(d: DistEnv) -> int:
-    try:
-        mine = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        mine = os.cpu_count() or 1
-    total = os.cpu_count() or mine
-    if mine >= total and (d.local_world_size or 1) > 1:
-        return max(1, mine // d.local_world_size)
-    return mine
+    return knobs.core_share(d.local_world_size)[0]
 
 
 def _framework(framework):

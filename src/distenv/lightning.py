@@ -34,16 +34,17 @@ Lightning is imported lazily: ``import distenv.lightning`` costs nothing without
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from . import resolve
-from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv
+from .description import PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError
+# The hand-off to the workers Lightning starts is a source (read back by resolve() in them).
+from .sources.lightning_node import VARIABLE, hand_off
 
 #: Set by a per-node process for the workers Lightning starts from it: its DistEnv as JSON.
-WORKER_VAR = "DISTENV_LIGHTNING_NODE"
+WORKER_VAR = VARIABLE
 
 # (module holding the ClusterEnvironment base class, module of the Trainer's strategies)
 _PACKAGES = (
@@ -110,17 +111,8 @@ def trainer_kwargs(environ=None, **overrides) -> dict:
 
 
 def _resolve(environ, overrides) -> DistEnv:
-    """The launch, or for a worker Lightning started from a per-node process, the node's
-    description handed down by that process (its launcher variables describe the node)."""
-    env_map = os.environ if environ is None else environ
-    node = env_map.get(WORKER_VAR)
-    if node and "LOCAL_RANK" in env_map and not overrides:
-        try:
-            values = json.loads(node)
-        except ValueError:
-            raise DistEnvError(f"{WORKER_VAR} is not valid JSON: {node[:80]!r}. Fix: unset it.") from None
-        why = f"{WORKER_VAR} (the node process that started this worker)"
-        return DistEnv(values, {f: why for f in FIELDS if values.get(f) is not None})
+    """The launch. A worker Lightning started from a per-node process is described by the
+    ``lightning`` source (`distenv.sources.lightning_node`) from the node's hand-off."""
     env = resolve(environ, **overrides)
     if environ is None:
         # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
@@ -441,10 +433,11 @@ class DistenvEnvironment:
         if e.node_rank is not None:
             return e.node_rank
         # Unknown (Open MPI, MPICH across nodes): Lightning uses the node rank of externally
-        # created processes only for display; ranks come from global_rank().
-        if e.rank is not None and e.local_world_size:
-            return e.rank // e.local_world_size
-        return 0
+        # created processes only for display (ranks come from global_rank()), so the core's
+        # display-only block guess will do; never written into the DistEnv.
+        from .placement import display_node_rank
+
+        return display_node_rank(e)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Raise DistEnvError naming the right values when Trainer(devices=, num_nodes=)
@@ -455,11 +448,7 @@ class DistenvEnvironment:
             raise DistEnvError(message)
         if _spawns(self._env) and "LOCAL_RANK" not in self._environ:
             self._warn_if_bound(num_devices)
-            node = self._env.replace(nproc_per_node=num_devices, local_world_size=num_devices,
-                                     world_size=num_devices * num_nodes, rank=None,
-                                     local_rank=None).to_dict()
-            node["launch"] = PER_NODE
-            self._environ[WORKER_VAR] = json.dumps(node)
+            self._environ[WORKER_VAR] = hand_off(self._env, num_devices, num_nodes)
 
     def _warn_if_bound(self, num_devices: int) -> None:
         try:

@@ -33,11 +33,12 @@ import datetime
 import os
 
 from . import resolve
+from . import knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
-#: Seconds the rendezvous waits for every rank (override: DISTENV_TIMEOUT).
-DEFAULT_RENDEZVOUS_TIMEOUT = 180.0
+#: Seconds the rendezvous waits for every rank (override: DISTENV_TIMEOUT; see distenv.knobs).
+DEFAULT_RENDEZVOUS_TIMEOUT = knobs.DEFAULT_TIMEOUT
 
 _device = None  # set by init_process_group
 
@@ -103,13 +104,6 @@ def choose_backend(requested: "str | None", device_index: "int | None", nccl: bo
     return "nccl" if device_index is not None and nccl else "gloo"
 
 
-def _affinity(pid: int = 0) -> "set[int] | None":
-    try:
-        return set(os.sched_getaffinity(pid))
-    except (AttributeError, OSError):
-        return None
-
-
 def choose_threads(env: DistEnv, environ=None, mine=None, parent=None) -> "tuple[int | None, str]":
     """(threads per process or None to leave alone, why).
 
@@ -122,33 +116,11 @@ def choose_threads(env: DistEnv, environ=None, mine=None, parent=None) -> "tuple
     given = environ.get("OMP_NUM_THREADS")
     if given is not None and given.strip():
         return None, f"OMP_NUM_THREADS={given} (set by the user or the launcher)"
-    mine = _affinity() if mine is None else set(mine)
-    if not mine:
-        mine = set(range(os.cpu_count() or 1))
-    parent = _affinity(os.getppid()) if parent is None else set(parent)
-    nlocal = env.local_world_size or 1
-    if parent and mine < parent:
-        return len(mine), f"{len(mine)} core(s) bound to this process by the launcher"
-    threads = max(1, len(mine) // nlocal)
-    return threads, f"{len(mine)} core(s) shared by {nlocal} local process(es)"
+    return knobs.core_share(env.local_world_size, mine, parent)
 
 
 def rendezvous_timeout(timeout: "datetime.timedelta | None", environ=None) -> datetime.timedelta:
-    environ = os.environ if environ is None else environ
-    raw = environ.get("DISTENV_TIMEOUT")
-    if raw is not None and raw.strip():
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = -1.0
-        if not seconds > 0:
-            raise DistEnvError(
-                f"DISTENV_TIMEOUT={raw!r} is not a positive number of seconds. "
-                "Fix: unset it or give e.g. DISTENV_TIMEOUT=300."
-            )
-    else:
-        seconds = DEFAULT_RENDEZVOUS_TIMEOUT
-    limit = datetime.timedelta(seconds=seconds)
+    limit = datetime.timedelta(seconds=knobs.timeout(environ))
     return min(limit, timeout) if timeout is not None else limit
 
 

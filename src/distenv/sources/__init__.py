@@ -31,6 +31,13 @@ class Source:
     #: May a launch with one process per node be turned into a per-node launch when the
     #: user asks for several workers per node (DISTENV_NPROC_PER_NODE)?
     can_be_per_node = False
+    #: The launcher family: "mpi" (mpirun/mpiexec start every rank), "slurm", "torch"
+    #: (torchrun-style RANK/WORLD_SIZE), "platform" (a cloud service), or the launcher's own
+    #: name. Adapters and tools (distenv run, doctor, horovod) branch on it, never on names.
+    family = ""
+    #: Prefixes (or whole names) of the variables this launcher or platform sets (the doctor
+    #: shows them).
+    prefixes: tuple = ()
 
     def detect(self, env) -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
@@ -68,6 +75,8 @@ class Entry:
 
 # Order matters: see the module docstring. Markers: any one makes the source a candidate.
 LAUNCHERS = [
+    # A worker Lightning started from a per-node process inherits the node's launcher variables.
+    Entry("lightning", "lightning_node", ("DISTENV_LIGHTNING_NODE",)),
     Entry("torchrun", "torchrun", ("TORCHELASTIC_RUN_ID",)),
     Entry("deepspeed", "deepspeed", ("CROSS_RANK",)),
     Entry("horovodrun", "horovodrun", ("HOROVOD_RANK",)),
@@ -112,6 +121,42 @@ def names() -> "list[str]":
     for entry in LAUNCHERS:
         out.extend(getattr(entry.load(), "aliases", (entry.name,)))
     return out + ["none"]
+
+
+def _all_sources() -> "list[Source]":
+    seen: list = []
+    for entry in LAUNCHERS + [NONE] + PLATFORMS:
+        source = entry.load()
+        if source not in seen:
+            seen.append(source)
+    return seen
+
+
+def family(launcher: "str | None") -> str:
+    """The family of a launcher name (or alias): "mpi", "slurm", "torch", ...; "" if unknown."""
+    if not launcher:
+        return ""
+    entry = find(launcher)
+    return entry.load().family if entry is not None else ""
+
+
+def launchers_of(family_name: str) -> "tuple[str, ...]":
+    """Every launcher name (aliases included) of a family."""
+    out: list = []
+    for entry in LAUNCHERS:
+        source = entry.load()
+        if source.family == family_name:
+            out.extend(getattr(source, "aliases", (source.name,)))
+    return tuple(out)
+
+
+def prefixes(family_name: "str | None" = None) -> "tuple[str, ...]":
+    """The variable prefixes of every source (of one family when given), each once."""
+    out: list = []
+    for source in _all_sources():
+        if family_name is None or source.family == family_name:
+            out.extend(p for p in source.prefixes if p not in out)
+    return tuple(out)
 
 
 def find(name: str) -> "Entry | None":

@@ -19,6 +19,8 @@ from ._common import block_layout
 class AzureML(Source):
     name = "azureml"
     title = "Azure ML"
+    family = "platform"
+    prefixes = ('AZ_BATCH', 'AZUREML_')
     per_node_platform = True
 
     def overlay(self, env, r):

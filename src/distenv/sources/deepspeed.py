@@ -10,6 +10,8 @@ from ._common import read_counts
 class DeepSpeedLauncher(Source):
     name = "deepspeed"
     title = "the DeepSpeed launcher"
+    family = "torch"
+    prefixes = ('CROSS_RANK', 'CROSS_SIZE', 'LOCAL_SIZE')
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
     def detect(self, env):

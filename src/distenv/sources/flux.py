@@ -10,6 +10,8 @@ from ._common import read_counts
 class Flux(Source):
     name = "flux"
     title = "Flux"
+    family = "flux"
+    prefixes = ('FLUX_',)
     can_be_per_node = True
 
     def read(self, env, r):

@@ -111,6 +111,8 @@ def tf_config(env) -> "dict | None":
 class GoogleCloud(Source):
     name = "gcp"
     title = "Google Cloud"
+    family = "platform"
+    prefixes = ('CLUSTER_SPEC', 'CLOUD_ML_', 'AIP_')
     aliases = ("gcp", "vertex")
     owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

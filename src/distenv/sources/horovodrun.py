@@ -10,6 +10,8 @@ from ._common import read_counts
 class HorovodRun(Source):
     name = "horovodrun"
     title = "horovodrun"
+    family = "horovod"
+    prefixes = ('HOROVOD_',)
 
     def read(self, env, r):
         r.launch = PER_PROCESS

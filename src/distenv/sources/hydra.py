@@ -16,6 +16,8 @@ from ._common import first_int
 class Hydra(Source):
     name = "mpich"
     title = "MPICH (Hydra)"
+    family = "mpi"
+    prefixes = ('PMI_', 'MPI_LOCAL', 'HYDRA_', 'I_MPI_')
     aliases = ("mpich", "intelmpi", "impi", "hydra")
     can_be_per_node = True
 

@@ -32,6 +32,8 @@ def parse_nnodes(raw: str, name: str) -> int:
 class Kubeflow(Source):
     name = "kubeflow"
     title = "Kubeflow"
+    family = "platform"
+    prefixes = ('PET_',)
     owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
     def read(self, env, r):

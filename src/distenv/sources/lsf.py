@@ -10,6 +10,8 @@ from ._common import read_counts
 class Jsrun(Source):
     name = "lsf"
     title = "LSF jsrun"
+    family = "lsf"
+    prefixes = ('JSM_', 'LSB_')
     aliases = ("lsf", "jsrun")
     can_be_per_node = True
 

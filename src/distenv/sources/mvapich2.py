@@ -10,6 +10,8 @@ from ._common import read_counts
 class Mvapich2(Source):
     name = "mvapich2"
     title = "MVAPICH2"
+    family = "mpi"
+    prefixes = ('MV2_', 'MPIRUN_')
     can_be_per_node = True
 
     def read(self, env, r):

@@ -14,6 +14,8 @@ from ._common import first_int
 class Pals(Source):
     name = "pals"
     title = "Cray PALS"
+    family = "mpi"
+    prefixes = ('PALS_', 'PMI_')
     can_be_per_node = True
 
     def read(self, env, r):

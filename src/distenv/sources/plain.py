@@ -18,6 +18,8 @@ from ._common import read_counts
 class Plain(Source):
     name = "env"
     title = "the RANK/WORLD_SIZE variables"
+    family = "torch"
+    prefixes = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT')
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     aliases = ("env", "plain")
 

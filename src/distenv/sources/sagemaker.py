@@ -49,6 +49,8 @@ def current_index(env, names) -> "int | None":
 class SageMaker(Source):
     name = "sagemaker"
     title = "SageMaker"
+    family = "platform"
+    prefixes = ('SM_', 'TRAINING_JOB_NAME')
 
     def detect(self, env):
         return "SM_CURRENT_HOST" in env

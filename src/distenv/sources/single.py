@@ -9,6 +9,8 @@ from . import Source
 class Single(Source):
     name = "none"
     title = "no launcher"
+    family = "none"
+    prefixes = ()
     aliases = ("none",)
     can_be_per_node = True
 

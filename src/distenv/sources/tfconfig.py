@@ -74,6 +74,8 @@ def task_rank(config) -> "int | None":
 class TFConfig(Source):
     name = "tf_config"
     title = "TF_CONFIG"
+    family = "tensorflow"
+    prefixes = ('TF_CONFIG',)
     aliases = ("tf_config", "tensorflow")
 
     def read(self, env, r):

@@ -14,6 +14,8 @@ from ._common import read_counts
 class TorchRun(Source):
     name = "torchrun"
     title = "torchrun"
+    family = "torch"
+    prefixes = ('TORCHELASTIC_', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_', 'LOCAL_WORLD_SIZE')
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT")
     aliases = ("torchrun", "torch.distributed.launch", "torchelastic")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import socket
 import time
+import zlib
 
-from .. import knobs, ports
+from .. import knobs
 from ..errors import DistEnvError
 from .cluster import _environ
 
@@ -32,7 +33,7 @@ def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None
     t0 = time.monotonic()
     deadline = t0 + timeout
     _, port = _split(workers[index])
-    key = ports.fnv1a(",".join(workers))
+    key = zlib.crc32(",".join(workers).encode("utf-8", "surrogatepass"))  # this cluster's tag
     hello = f"distenv-tf {index} {key}\n".encode()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -57,8 +57,8 @@ def patch_environ(environ=None) -> dict:
         return out
     out["env"] = d
     initialised = _hooks().tf_initialized()
-    platform_cluster = bool(src.get("TF_CONFIG")) or (
-        d.launcher in ("gcp", "vertex") and bool(src.get("CLUSTER_SPEC")))
+    # A cluster the platform describes (TF_CONFIG, or CLUSTER_SPEC: the gcp/vertex launchers).
+    platform_cluster = bool(src.get("TF_CONFIG")) or d.launcher in ("gcp", "vertex")
     if d.launch == PER_NODE and (d.nproc_per_node or 1) > 1 and not platform_cluster:
         gpus, gpus_why = visible_gpus(src)
         if gpus != d.nproc_per_node:

@@ -1,0 +1,194 @@
+"""The layering, read from the source with ast (every import, also those inside functions):
+
+* the core (resolver, sources, placement, knobs, ...) imports only the standard library and
+  other core modules: never an adapter, a tool (CLI, doctor, run) or a framework;
+* an adapter (distenv.torch, .lightning, .tensorflow, ...) imports from the core only the
+  public API and the few shared helpers named below, and no private (``_name``) from the
+  core: every resolution rule (placement, ports, knobs) lives in the core, where it is
+  tested once.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+import pytest
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
+ROOT = os.path.join(SRC, "distenv")
+
+#: Framework adapters (a package's submodules count as the adapter).
+ADAPTERS = ("distenv.torch", "distenv.lightning", "distenv.transformers", "distenv.deepspeed",
+            "distenv.tensorflow", "distenv.keras", "distenv.horovod", "distenv.jax")
+#: Tools: they may import anything (they drive adapters and the core); not core.
+TOOLS = ("distenv.cli", "distenv.__main__", "distenv.doctor", "distenv.run", "distenv.auto",
+         "distenv._autostart", "distenv.display")
+#: What an adapter may import from the core. Public API:
+PUBLIC = ("distenv", "distenv.description", "distenv.errors", "distenv.resolver",
+          "distenv.discovery", "distenv.export")
+#: ... and the shared helpers, each a core rule adapters consume instead of holding their own.
+SHARED = (
+    "distenv.placement",             # which host runs each rank
+    "distenv.knobs",                 # timeout, side ports, core share, host file knobs
+    "distenv.gpus",                  # visible GPUs
+    "distenv.log",                   # the distenv logger
+    "distenv._teardown",             # an orderly end of a process group at exit
+    "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
+)
+#: Modules outside the standard library a core module may import (lazily), and where.
+CORE_EXTERNAL = {"distenv.discovery": {"mpi4py"}}
+#: Known violations, each with its fix. Strict: once fixed, the entry must go (the test fails).
+KNOWN = {
+    ("distenv.pmi", "distenv.torch"): "use distenv.knobs.timeout() for DISTENV_TIMEOUT",
+    ("distenv.jax", "distenv.ports"): "use distenv.knobs.side_port() for the coordinator port",
+    ("distenv.jax", "distenv.reading"): "use distenv.knobs.side_port() for the coordinator port",
+}
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, SRC)[:-3].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def imports(name: str, text: str, is_package: bool = False):
+    """(imported module, names taken from it) for every import in a module's source."""
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module
+            names = tuple(a.name for a in node.names)
+            if not node.module and node.level:  # from . import x: x may be a module
+                for n in names:
+                    yield f"{module}.{n}", ()
+            else:
+                yield module, names
+
+
+def _modules():
+    for folder, _, files in os.walk(ROOT):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                with open(path, encoding="utf-8") as fh:
+                    yield _module_name(path), fh.read(), f == "__init__.py"
+
+
+def _under(name: str, roots) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def _known_module(name: str, all_names) -> str:
+    """The distenv module an import names ("distenv.resolve" is the package's attribute)."""
+    while name not in all_names and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def violations(modules) -> "list[tuple[str, str, str]]":
+    """(importer, imported, why) for every import that breaks the layering."""
+    modules = list(modules)
+    all_names = {m for m, _, _ in modules}
+    out = []
+    for name, text, is_package in modules:
+        adapter = _under(name, ADAPTERS)
+        core = not adapter and not _under(name, TOOLS)
+        for imported, names in imports(name, text, is_package):
+            top = imported.split(".")[0]
+            if top != "distenv":
+                if core and top not in sys.stdlib_module_names and \
+                        top not in CORE_EXTERNAL.get(name, ()):
+                    out.append((name, imported, "the core imports only the standard library"))
+                continue
+            target = _known_module(imported, all_names)
+            if core and (_under(target, ADAPTERS) or _under(target, TOOLS)):
+                out.append((name, target, "the core imports an adapter or a tool"))
+            if adapter and not _under(target, ADAPTERS):
+                if target not in PUBLIC + SHARED and not _under(target, TOOLS):
+                    out.append((name, target, "an adapter imports a core internal"))
+                private = [n for n in names if n.startswith("_") and n != "__version__"]
+                if private and not _under(target, ADAPTERS):
+                    out.append((name, target, f"an adapter imports private {', '.join(private)}"))
+    return out
+
+
+def test_the_checker_catches_each_kind_of_violation():
+    fake = [
+        ("distenv.resolver", "import torch\nfrom .lightning import x\n", False),
+        ("distenv.sources.slurm", "def f():\n    from ..cli import main\n", False),
+        ("distenv.tensorflow.cluster", "from ..hostlist import expand_hostlist\n"
+                                       "from ..description import _build\n", False),
+        ("distenv.lightning", "from .placement import display_node_rank\nimport lightning\n", False),
+        ("distenv.hostlist", "", False), ("distenv.cli", "", False), ("distenv.description", "", False),
+        ("distenv.placement", "", False),
+    ]
+    found = {(a, b) for a, b, _ in violations(fake)}
+    assert found == {("distenv.resolver", "torch"), ("distenv.resolver", "distenv.lightning"),
+                     ("distenv.sources.slurm", "distenv.cli"),
+                     ("distenv.tensorflow.cluster", "distenv.hostlist"),
+                     ("distenv.tensorflow.cluster", "distenv.description")}
+
+
+def test_layering():
+    found = violations(_modules())
+    unexpected = [v for v in found if (v[0], v[1]) not in KNOWN]
+    assert not unexpected, "\n".join(f"{a} -> {b}: {why}" for a, b, why in unexpected)
+    fixed = [k for k in KNOWN if k not in {(a, b) for a, b, _ in found}]
+    assert not fixed, f"fixed, remove from KNOWN: {fixed}"
+
+
+#: Launcher variables an adapter may read, with why (none is a resolution rule).
+ALLOWED_READS = {
+    # torchrun's own switches for torch's store, which the torch adapter must follow
+    "TORCHELASTIC_USE_AGENT_STORE": "torch's env:// joins the torchrun agent's store when set",
+    "TORCHELASTIC_RESTART_COUNT": "a fresh key prefix per torchrun restart (not a field)",
+}
+#: Names adapters read that are not launcher variables though a source lists them: torch's
+#: and TensorFlow's own variables (adapters export them, frameworks read them), and the
+#: Lightning hand-off (written by the adapter, read by its source).
+FRAMEWORK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                       "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE", "TF_CONFIG",
+                       "DISTENV_LIGHTNING_NODE")
+
+
+def reads(text: str):
+    """Variable names a module reads: ``m.get("X")``, ``m["X"]`` (not an assignment),
+    ``"X" in m``, ``os.getenv("X")``."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("get", "getenv", "pop") and node.args and \
+                isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            yield node.args[0].value
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and \
+                isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            yield node.slice.value
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and \
+                isinstance(node.left.value, str) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            yield node.left.value
+
+
+def test_reads_finds_reads_not_writes():
+    text = ("a = env.get('SLURM_PROCID')\nb = env['OMPI_COMM_WORLD_RANK']\nc = 'PMI_RANK' in env\n"
+            "env['HOROVOD_RANK'] = '1'\nd = {'HOROVOD_SIZE': '2'}\n")
+    assert list(reads(text)) == ["SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_adapters_parse_no_launcher_variable(adapter):
+    """No adapter reads a launcher's variables (that is the sources' job): writing them for a
+    framework (Horovod's HOROVOD_*) is fine."""
+    from distenv.sources import prefixes
+
+    launcher = tuple(p for p in prefixes() if p not in FRAMEWORK_VARIABLES)
+    found = [f"{name}: {var!r}" for name, text, _ in _modules() if _under(name, (adapter,))
+             for var in reads(text) if var.startswith(launcher) and var not in ALLOWED_READS]
+    assert not found, found
