@@ -75,6 +75,11 @@ def _inputs(env, environ) -> "tuple[DistEnv, object]":
     return env, src
 
 
+def _because(d: DistEnv, field: str) -> str:
+    why = d.provenance.get(field)
+    return f" ({why})" if why else ""
+
+
 def processes(d: DistEnv) -> "tuple[int | None, int | None, str]":
     """(JAX process count, this process's index, why): one JAX process per worker, or per
     node in a per-node launch."""
@@ -207,12 +212,14 @@ def plan(env=None, *, environ=None, port: "int | None" = None, timeout: "float |
         missing = " and ".join(n for n, v in (("the process count", num_processes),
                                                ("this process's index", process_id)) if v is None)
         raise DistEnvError(
-            f"jax.distributed.initialize needs {missing}, which {d.launcher} does not reveal "
-            f"({d.provenance.get('world_size' if num_processes is None else 'rank', 'unknown')}). "
+            f"jax.distributed.initialize needs {missing}, which {d.launcher} does not reveal"
+            f"{_because(d, 'world_size' if num_processes is None else 'rank')}. "
             "Fix: launch with a launcher that does (MPICH: without -pmi-port), or pass "
             "num_processes= and process_id= to initialize()."
         )
-    if coordinator_address is None and src.get("JAX_COORDINATOR_ADDRESS"):
+    if coordinator_address is not None:
+        why["coordinator_address"] = "given"
+    elif src.get("JAX_COORDINATOR_ADDRESS"):
         coordinator_address = src["JAX_COORDINATOR_ADDRESS"]
         why["coordinator_address"] = "JAX_COORDINATOR_ADDRESS"
     if coordinator_address is None:
@@ -222,7 +229,8 @@ def plan(env=None, *, environ=None, port: "int | None" = None, timeout: "float |
         if addr is None:
             raise DistEnvError(
                 f"jax.distributed.initialize needs process 0's address (the coordinator), which "
-                f"{d.launcher} does not reveal across nodes ({d.provenance.get('master_addr', '')}). "
+                f"{d.launcher} does not reveal across nodes"
+                f"{_because(d, 'master_addr')}. "
                 "Fix: export MASTER_ADDR=<process 0's host> (or JAX_COORDINATOR_ADDRESS=<host>:<port>) "
                 "to every process, e.g. mpiexec -genv MASTER_ADDR <host>."
             )
