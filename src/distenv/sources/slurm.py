@@ -122,6 +122,11 @@ def layout_doubt(env, hosts, node, counts, gtids) -> "tuple[str, bool] | None":
     return None
 
 
+#: The fix when the SLURM variables contradict each other (copied from another job or step).
+MIXED_FIX = ("Fix: run the script through srun in this allocation, and do not copy SLURM_* "
+             "variables from another job or step into its environment.")
+
+
 class Slurm(Source):
     name = "slurm"
     title = "SLURM"
@@ -186,7 +191,8 @@ class Slurm(Source):
             if str(rank) not in gtids:
                 raise DistEnvError(
                     f"SLURM_PROCID={rank} is not among SLURM_GTIDS={gtids_text!r}, the ranks "
-                    "SLURM placed on this node: the SLURM variables are mixed from two steps."
+                    "SLURM placed on this node: the SLURM variables are mixed from two steps. "
+                    + MIXED_FIX
                 )
 
         doubt = layout_doubt(env, hosts, node, counts, gtids)
@@ -217,11 +223,12 @@ class Slurm(Source):
         if nodes is not None and n != nodes:
             raise DistEnvError(
                 f"{var} lists {n} node(s) but {why['num_nodes']}: "
-                "the SLURM variables are inconsistent."
+                "the SLURM variables are inconsistent. " + MIXED_FIX
             )
         if node is not None:
             if node >= n:
-                raise DistEnvError(f"SLURM_NODEID={node} is beyond the {n} node(s) of {var}.")
+                raise DistEnvError(f"SLURM_NODEID={node} is beyond the {n} node(s) of {var}. "
+                                   + MIXED_FIX)
             values["local_world_size"] = counts[node]
             why["local_world_size"] = f"{var}[SLURM_NODEID={node}]"
         if counts.count(counts[0]) == n:
@@ -231,7 +238,7 @@ class Slurm(Source):
         if size is not None and total != size:
             raise DistEnvError(
                 f"{var} adds up to {total} tasks but {why['world_size']}: "
-                "the SLURM variables are inconsistent."
+                "the SLURM variables are inconsistent. " + MIXED_FIX
             )
 
 
