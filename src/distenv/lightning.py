@@ -332,6 +332,10 @@ class DistenvEnvironment:
             raise DistEnvError(missing_message(self._env, [n for n, v in (
                 ("RANK", self._env.rank), ("WORLD_SIZE", self._env.world_size)) if v is None]))
         _register()
+        from . import _teardown
+
+        # The Trainer's process group ends before Python does (see distenv._teardown).
+        _teardown.register()
 
     def __getstate__(self):
         # Picklable for spawn-based strategies: os.environ is the child's own there, and a

@@ -186,6 +186,9 @@ def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> 
         kwargs["store"] = dist.PrefixStore(
             f"distenv/pg/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')}/{_generation}/", store)
     dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size, **kwargs)
+    from . import _teardown
+
+    _teardown.register()  # an orderly end at exit (torch's gloo threads can abort it otherwise)
     return env
 
 

@@ -76,6 +76,10 @@ def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrid
     fix_local_rank_argv(env, sys.argv if argv is None else argv)
     if env.is_distributed:
         env.export(os.environ, overwrite=overwrite)
+        from . import _teardown
+
+        # Accelerate never ends its process group: an orderly end at exit (see distenv._teardown).
+        _teardown.register()
     _env = env
     state_cls = _accelerate_partial_state()
     if state_cls is not None:
