@@ -18,7 +18,6 @@ import os
 from . import ports
 from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv, _build
 from .errors import DistEnvError
-from .placement import record as record_placement
 from .reading import MAX_COUNT, Reading, get_int, parse_int, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
@@ -79,8 +78,12 @@ def resolve(environ=None, **overrides) -> DistEnv:
     )
     if r.values.get("platform") is None:
         r.why["platform"] = "no platform variables found"
-    # 8. which host runs every rank, where the launch proves it (built on first access)
-    record_placement(env, r.values, r.why, r.launch == PER_NODE)
+    # 8. which host runs every rank, where the launch proves it (built on first access). Every
+    # rule starts from a host list, so a launch without one does not even import the rules.
+    if r.values.get("hosts") is not None:
+        from .placement import record
+
+        record(env, r.values, r.why, r.launch == PER_NODE)
     return _build(r.values, r.why, r.notes)
 
 
