@@ -252,9 +252,13 @@ def initialize_args(env=None, *, environ=None, port: "int | None" = None) -> dic
     The coordinator port is `port`, else JAX_COORDINATOR_PORT or DISTENV_KERAS_PORT, else
     derived from the job (never the master port, which torchrun's own store may hold).
     """
+    return _args(env, environ=environ, port=port)
+
+
+def _args(env=None, *, environ=None, port=None, discover=False) -> dict:
     from .jax import plan
 
-    p = plan(env, environ=environ, port=port)
+    p = plan(env, environ=environ, port=port, discover=discover)
     return {"job_addresses": p["coordinator_address"], "num_processes": p["num_processes"],
             "process_id": p["process_id"]}
 
@@ -269,7 +273,9 @@ def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False
     `keras.distribution.set_distribution(distenv.keras.data_parallel())`. `set_environ` also
     writes the KERAS_DISTRIBUTION_* variables. Returns the arguments used.
     """
-    args = initialize_args(env, port=port)
+    # discover: across MPICH/Intel MPI nodes process 0's host comes from the launcher's
+    # key-value service (collective: every process gets here)
+    args = _args(env, port=port, discover=True)
     if set_environ:
         os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = args["job_addresses"]
         os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"] = str(args["num_processes"])
@@ -297,7 +303,7 @@ def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False
             # One process: no runtime to start, but the node's devices still to bind.
             from . import jax as distenv_jax
 
-            distenv_jax.initialize(env=env if isinstance(env, DistEnv) else None)
+            distenv_jax.initialize(env=env)
     finally:
         if patched_here:
             from . import jax as distenv_jax

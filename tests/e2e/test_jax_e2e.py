@@ -5,7 +5,8 @@ Each cell is truly data-parallel: the processes are 0..N-1 of one JAX runtime on
 hosts, every device of every process in one mesh, identical weights on every process, and
 weights and losses equal to a single-process run of the same script on the same global batches
 (within float tolerance: a sum over devices is not one sum). Cells: Open MPI on this host and on
-the two namespace nodes, MPICH (JAX detects nothing there), srun on two nodes, torchrun (JAX
+the two namespace nodes, MPICH on the two nodes (JAX detects nothing there, and MPICH does not say
+where process 0 runs: distenv asks Hydra's key-value service), srun on two nodes, torchrun (JAX
 detects nothing there either), and a per-node launch -- one Open MPI process per node with
 DISTENV_NPROC_PER_NODE=2: one JAX process per node owning 2 XLA CPU devices, 4 devices in all.
 The Keras cells also check the chief-aware callbacks (one checkpoint and one CSV log at the
@@ -65,13 +66,19 @@ def _dir(name: str) -> Path:
 CELLS = {  # cell -> (layout, processes, devices, hosts per process or None for this host)
     "openmpi4-np2": (local("openmpi4", 2), 2, 2, None),
     "openmpi4-2nodes": (openmpi4_nodes(1, *FORWARD), 2, 2, ["node1", "node2"]),
-    "mpich4-np2": (local("mpich4", 2), 2, 2, None),
+    # MPICH across nodes: no master address from the launcher; distenv asks Hydra's key-value
+    # service (distenv.discovery.complete)
+    "mpich4-2nodes": (Layout("mpich4", "1x2-nodes", "cluster", 2, "hydra", "mpich",
+                             harness.on_node1(harness.MPICH4, "-np", "2", "-hosts", "node1:1,node2:1",
+                                              "-launcher", "ssh", "-launcher-exec", harness.FAKESSH),
+                             harness.NODES), 2, 2, ["node1", "node2"]),
     "srun-2nodes": (srun_nodes(1), 2, 2, ["node1", "node2"]),
     "torchrun-nproc2": (harness.LAYOUTS["torchrun-nproc2"], 2, 2, None),
     "per-node-2nodes": (openmpi4_nodes(1, *FORWARD, "-x", "DISTENV_NPROC_PER_NODE=2",
                                        shape="2x1-per-node"), 2, 4, ["node1", "node2"]),
 }
-COST = {"openmpi4-2nodes": 3, "srun-2nodes": 3, "per-node-2nodes": 3, "torchrun-nproc2": 3}
+COST = {"openmpi4-2nodes": 3, "mpich4-2nodes": 3, "srun-2nodes": 3, "per-node-2nodes": 3,
+        "torchrun-nproc2": 3}
 
 
 def _job(layout, args, cost=2.0, env=None, timeout=300, python_modules=("jax", "keras")) -> Job:
