@@ -12,7 +12,7 @@ index, also where JAX detects nothing -- MPICH, Intel MPI, torchrun, per-node cl
 `distenv.keras.data_parallel()` (DataParallel over every device of every process, each process
 feeding its own share of every global batch) and `distenv.keras.callbacks(...)`: only the chief
 (process 0) writes OUT/model.weights.h5 and OUT/log.csv; the others write to private temporary
-directories removed after `fit`. (With DISTENV_AUTO=1 a script calling plain
+directories removed after `fit`; BackupAndRestore keeps OUT/backup/worker-<process> per process. (With DISTENV_AUTO=1 a script calling plain
 `keras.distribution.initialize()` gets the same start.)
 
 A tiny regression model on synthetic data, fully deterministic: P processes compute what one
@@ -74,6 +74,7 @@ def main(argv=None) -> int:
         keras.callbacks.ModelCheckpoint(os.path.join(args.out, "model.weights.h5"),
                                         save_weights_only=True),
         keras.callbacks.CSVLogger(os.path.join(args.out, "log.csv")),
+        keras.callbacks.BackupAndRestore(os.path.join(args.out, "backup")),  # one dir per process
     ])
     t_train = time.time()
     history = model.fit(x[mine], y[mine], batch_size=local, epochs=args.epochs, shuffle=False,
