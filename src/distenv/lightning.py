@@ -460,12 +460,12 @@ class DistenvEnvironment:
         except (AttributeError, OSError):
             return
         if num_devices > 1 and cores < num_devices and cores < (os.cpu_count() or cores):
-            import warnings
+            from .log import get_logger
 
-            warnings.warn(
-                f"distenv: this node process is bound to {cores} core(s) and Lightning will start "
+            get_logger(__name__).warning(
+                f"this node process is bound to {cores} core(s) and Lightning will start "
                 f"{num_devices} workers on them (they inherit the binding). Fix: start it "
-                "unbound (mpirun --bind-to none, srun --cpu-bind=none).", stacklevel=3)
+                "unbound (mpirun --bind-to none, srun --cpu-bind=none).")
 
     def teardown(self) -> None:
         pass
