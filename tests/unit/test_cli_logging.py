@@ -86,7 +86,7 @@ def test_stderr_is_looked_up_at_each_message(capsys):
 
 
 def _bare_stderr_writes(path):
-    """(line, text) of print(..., file=sys.stderr) and sys.stderr.write in a file."""
+    """(line, text) of print(..., file=sys.stderr), sys.stderr.write and warnings.warn."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     found = []
     for node in ast.walk(tree):
@@ -94,6 +94,8 @@ def _bare_stderr_writes(path):
             continue
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "write" and ast.unparse(f.value) == "sys.stderr":
+            found.append((node.lineno, ast.unparse(node)[:80]))
+        if isinstance(f, ast.Attribute) and f.attr == "warn" and ast.unparse(f.value) == "warnings":
             found.append((node.lineno, ast.unparse(node)[:80]))
         if isinstance(f, ast.Name) and f.id == "print" and any(
                 k.arg == "file" and "stderr" in ast.unparse(k.value) for k in node.keywords):
@@ -120,5 +122,6 @@ def test_library_code_writes_no_bare_stderr():
 
 def test_the_scan_sees_both_forms(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import sys\nsys.stderr.write('x')\nprint('y', file=sys.stderr)\nprint('ok')\n")
-    assert [line for line, _ in _bare_stderr_writes(str(f))] == [2, 3]
+    f.write_text("import sys\nsys.stderr.write('x')\nprint('y', file=sys.stderr)\nprint('ok')\n"
+                 "import warnings\nwarnings.warn('z')\n")
+    assert [line for line, _ in _bare_stderr_writes(str(f))] == [2, 3, 6]
