@@ -21,8 +21,6 @@ when called, after every rank started:
 
 from __future__ import annotations
 
-import socket
-
 from .description import FIELDS, PER_NODE, DistEnv
 from .errors import DistEnvError
 
@@ -168,6 +166,9 @@ def complete(env: "DistEnv | None" = None, *, need=("master_addr",), timeout=Non
         return discover(env, "mpi4py")
     from . import pmi
 
+    before_exec = pmi.inherited()  # `distenv run` exchanged, then exec'ed this program
+    if before_exec is not None:
+        return _from_exchange(env, before_exec)
     found, why_not = pmi.offer()
     if found is None:
         if env.launcher in ("mpich", "intelmpi"):
@@ -222,5 +223,7 @@ def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *, timeout=No
             f"rank={env.rank} of world_size={env.world_size}: the launch is not this MPI job. "
             + STALE
         )
+    import socket
+
     names = comm.allgather(socket.gethostname())
     return from_hostnames(env, names, "mpi4py allgather of host names")

@@ -118,11 +118,11 @@ def offer(environ=None) -> "tuple[Offer | None, str]":
         return None, "Hydra gave no PMI_FD nor PMI_PORT/PMI_ID"
     held = environ.get(HELD_VAR)
     if held:
-        pid = held.split(":", 1)[0]
+        pid = held.split(";", 1)[0]
         if pid != str(os.getpid()):
-            return None, (f"{HELD_VAR}={held}: the service belongs to process {pid}, an "
-                          "ancestor of this one")
-        return None, f"{HELD_VAR}={held}: this process used the service before it exec'ed"
+            return None, (f"{HELD_VAR}: the service belongs to process {pid}, an ancestor of "
+                          "this one")
+        return None, f"{HELD_VAR}: this process used the service before it exec'ed"
     parent = os.getppid()
     name = _comm(parent)
     if name not in PROXY_NAMES:
@@ -210,7 +210,12 @@ _generation = 0
 
 
 def _hold(sock: socket.socket) -> None:
-    """-pmi-port: keep the connection open until this process ends, then send ``finalize``.
+    """Keep the connection open until this process ends, then send ``finalize``.
+
+    Measured: with -pmi-port (MPICH 4, 5) a connection closed without ``finalize`` makes
+    Hydra kill the job; with PMI_FD, Intel MPI kills it when a rank that sent ``init``
+    exits without ``finalize`` (MPICH does not mind). A ``finalize`` sent while the process
+    lives would break a later MPI_Init (see the module doc), so it is sent after.
 
     A watcher process holds it: forked twice (so it is nobody's child: a shell that `wait`s
     for its children, or a program `distenv run` exec'ed, never waits for it), with no
@@ -267,6 +272,47 @@ def _watch(watched: int, keep: int, select) -> None:
     except BaseException:  # noqa: BLE001 - nobody to report to; Hydra sees the close
         pass
     os._exit(0)
+
+
+def handoff() -> "str | None":
+    """The value of `HELD_VAR` for a command this process is about to exec (``distenv run``):
+    ``<pid>;<mode>;<kvsname>;<host>*<count>,...`` (the hosts of ranks 0.. in runs), or None
+    when this process ran no exchange. Exec keeps the pid: the command is the same rank."""
+    if not used():
+        return None
+    ex = _done[1]
+    runs = []
+    for host in ex.hosts:
+        if runs and runs[-1][0] == host:
+            runs[-1][1] += 1
+        else:
+            runs.append([host, 1])
+    return (f"{os.getpid()};{ex.mode};{ex.kvsname or ''};"
+            + ",".join(f"{h}*{n}" for h, n in runs))
+
+
+def inherited(environ=None) -> "Exchange | None":
+    """The exchange this same process (same pid) ran before it exec'ed, from `HELD_VAR`."""
+    environ = os.environ if environ is None else environ
+    parts = environ.get(HELD_VAR, "").split(";")
+    if len(parts) != 4 or parts[0] != str(os.getpid()) or parts[1] not in ("fd", "port"):
+        return None
+    hosts = []
+    try:
+        for run in parts[3].split(","):
+            host, _, count = run.rpartition("*")
+            if not host or int(count) < 1:
+                return None
+            hosts.extend([host] * int(count))
+    except ValueError:
+        return None
+    rank = _int(environ, "PMI_RANK")
+    if rank is None:
+        rank = _int(environ, "PMI_ID")
+    if rank is None or rank >= len(hosts):
+        return None
+    return Exchange(rank, len(hosts), hosts, parts[1], 0.0, f"{HELD_VAR} (before exec)",
+                    parts[2] or None)
 
 
 def used() -> bool:
@@ -377,22 +423,18 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
                            "or set MASTER_ADDR.") from None
         raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
                        f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
-    if found.mode == "fd":
-        _release(sock, found, flags)  # only our duplicate: the launcher's fd stays for MPI_Init
-    else:
-        _hold(sock)
+    _release(sock, found, flags)
     result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why, kvs)
     _done = (os.getpid(), result)
     return result
 
 
 def _release(sock, found: Offer, flags) -> None:
-    """PMI_FD: close our duplicate and give the launcher's fd back its blocking mode.
-    -pmi-port after a failure: nothing (the process is about to fail; Hydra then ends the
-    job, which is what a failed rank should do)."""
-    if found.mode != "fd":
-        return
-    if flags is not None:
+    """After the exchange (or its failure): PMI_FD gets its blocking mode back, and a watcher
+    takes the connection (`_hold`) to send ``finalize`` when this process ends, so the
+    rank's own exit status -- not a dropped connection, nor a missing ``finalize`` -- tells
+    Hydra how it ended."""
+    if found.mode == "fd" and flags is not None:
         import fcntl
 
         try:
@@ -400,7 +442,7 @@ def _release(sock, found: Offer, flags) -> None:
         except OSError:
             pass
     if sock is not None:
-        sock.close()
+        _hold(sock)
 
 
 def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout) -> str:
@@ -442,4 +484,5 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
             "DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR to skip the exchange.")
 
 
-__all__ = ["exchange", "offer", "used", "Exchange", "Offer", "PMIError", "HELD_VAR"]
+__all__ = ["exchange", "offer", "used", "handoff", "inherited", "Exchange", "Offer", "PMIError",
+           "HELD_VAR"]
