@@ -224,9 +224,10 @@ def _check_launch(rep: Report, env, environ):
                 "run with a launcher that gives it (MPICH: drop -pmi-port) or set WORLD_SIZE.")
     multi = env.num_nodes is None or env.num_nodes > 1
     if env.master_addr is None:
+        from .export import missing_message
+
         rep.add("error", "launch", f"rank 0's address is unknown: {env.launcher} does not reveal it "
-                "across nodes.", "export MASTER_ADDR=<rank 0's host> in the job script and pass it "
-                "to every rank (mpirun -x MASTER_ADDR, mpiexec -genv MASTER_ADDR <host>).")
+                "across nodes.", split_fix(missing_message(env, ["MASTER_ADDR"]))[1])
     elif multi and env.num_nodes is not None and env.master_addr.startswith("127."):
         rep.add("error", "launch", f"master_addr={env.master_addr} is a loopback address but the "
                 f"job spans {env.num_nodes} nodes ({env.provenance.get('master_addr')}).",
@@ -316,11 +317,20 @@ def _check_cpu(rep: Report, env, environ) -> dict:
                else "OMP_NUM_THREADS unset: torch and OpenMP take every core in each process")
         rep.add("warning", "cpu", f"{local} process(es) x {threads} thread(s) = {demand} threads on "
                 f"{total} core(s) ({why}): oversubscribed, training slows down.",
-                f"export OMP_NUM_THREADS={share} (cores / local processes), and pass it to every "
-                "rank (mpirun -x OMP_NUM_THREADS)")
+                f"export OMP_NUM_THREADS={share} (cores / local processes){_passed_on(env, 'OMP_NUM_THREADS', share)}")
     else:
         rep.add("ok", "cpu", f"{local} process(es) x {threads} thread(s) on {total} core(s).")
     return info
+
+
+def _passed_on(env, name: str, value) -> str:
+    """How a variable exported in the job script reaches every rank, for this launcher."""
+    launcher = env.launcher if env is not None else None
+    if launcher == "openmpi":
+        return f", and pass it to every rank (mpirun -x {name})"
+    if launcher in ("mpich", "intelmpi", "mvapich2"):
+        return f", and pass it to every rank (mpiexec -genv {name} {value})"
+    return ""
 
 
 def _truthy(value) -> bool:
@@ -633,7 +643,7 @@ def _launcher_command(launcher: str):
                 return exe, f"pid {pid}, the ancestor of this process that launched it"
     found = shutil.which(command)
     if found:
-        return found, f"{command} on PATH (this process's launcher was not found among its ancestors)"
+        return found, f"{command} on PATH: this process's launcher is not among its ancestors"
     return None
 
 
@@ -673,14 +683,14 @@ def launcher_version(launcher: str, environ) -> dict:
                            errors="replace", timeout=VERSION_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return {"version": None, "source": f"`{command} --version` gave no answer within "
-                f"{VERSION_TIMEOUT:g} s ({how})"}
+                f"{VERSION_TIMEOUT:g} s; {how}"}
     except OSError as exc:
-        return {"version": None, "source": f"`{command} --version` failed: {exc.strerror} ({how})"}
+        return {"version": None, "source": f"`{command} --version` failed: {exc.strerror}; {how}"}
     line = _first_version_line(p.stdout) if p.returncode == 0 else None
     if line is None:
         why = _first_version_line(p.stderr) or f"exit status {p.returncode}"
-        return {"version": None, "source": f"`{command} --version` failed: {why} ({how})"}
-    return {"version": line, "source": f"`{command} --version` ({how})"}
+        return {"version": None, "source": f"`{command} --version` failed: {why}; {how}"}
+    return {"version": line, "source": f"`{command} --version`; {how}"}
 
 
 def versions(env, environ=None) -> dict:

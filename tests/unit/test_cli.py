@@ -290,3 +290,20 @@ def test_every_doctor_error_and_warning_on_recorded_launches_has_a_fix(env, no_g
         if f["level"] == "error":
             assert f["fix"], f
     assert doctor.exit_code(report) in (0, 1, 2)
+
+
+def test_doctor_fixes_speak_the_launchers_language(no_gpus, monkeypatch):
+    """No mpirun hint for a SLURM job or a plain RANK/WORLD_SIZE run; mpirun -x under Open MPI."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    slurm = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "1",
+             "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "4"}
+    plain = {"RANK": "0", "WORLD_SIZE": "2", "NNODES": "2"}
+    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            "OMPI_MCA_orte_num_nodes": "1"}
+    fixes = {name: " ".join(f["fix"] or "" for f in doctor.diagnose(env)["findings"])
+             for name, env in (("slurm", slurm), ("plain", plain), ("ompi", ompi))}
+    assert "OMP_NUM_THREADS" in fixes["slurm"] and "mpirun" not in fixes["slurm"]
+    assert "MASTER_ADDR" in fixes["plain"] and "mpirun" not in fixes["plain"]
+    assert "mpirun -x OMP_NUM_THREADS" in fixes["ompi"]
