@@ -37,12 +37,4 @@ def fnv1a(text: str) -> int:
 
 
 def port_for(key: str) -> int:
-    port = _MEMO.get(key)
-    if port is None:
-        port = BASE + fnv1a(key) % SPAN
-        if len(_MEMO) < 64:  # a process asks for its own job's key; the bound is for fuzzers
-            _MEMO[key] = port
-    return port
-
-
-_MEMO: dict = {}  # key -> port: resolve() runs often in a process, and its job key is fixed
+    return BASE + fnv1a(key) % SPAN

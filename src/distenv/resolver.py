@@ -45,7 +45,7 @@ def resolve(environ=None, **overrides) -> DistEnv:
     """
     env = os.environ if environ is None else environ
     if type(env) is not dict:
-        env = _view(env)
+        env = _MappingView(env)
     if overrides:
         unknown = set(overrides) - OVERRIDABLE
         if unknown:
@@ -73,7 +73,7 @@ def resolve(environ=None, **overrides) -> DistEnv:
     r.values["launch"] = r.launch
     r.why["launch"] = (
         "one process per node, whose workers are yet to be started" if r.launch == PER_NODE
-        else "a single process, started without a launcher" if source is NONE.load()
+        else "a single process, started without a launcher" if source.name == "none"
         else "the launcher started every worker process"
     )
     if r.values.get("platform") is None:
@@ -87,54 +87,11 @@ def resolve(environ=None, **overrides) -> DistEnv:
     return _build(r.values, r.why, r.notes)
 
 
-def _view(env):
-    """A fast read-only view of os.environ (or any other mapping).
-
-    os.environ answers a missing key by raising KeyError inside .get(), about 1.5 us each,
-    and resolution asks for ~50 mostly-missing variables. Reading CPython's underlying
-    dict through os.environ's own encodekey/decodevalue gives the same answers ~20x faster.
-    """
-    data = getattr(env, "_data", None)
-    enc, dec = getattr(env, "encodekey", None), getattr(env, "decodevalue", None)
-    if env is os.environ and isinstance(data, dict) and enc and dec:
-        return _EnvironView(data, enc, dec)
-    return _MappingView(env)
-
-
-_ENCODED: dict = {}  # variable name -> os.environ's key for it (names are few and fixed)
-
-
-class _EnvironView:
-    __slots__ = ("_data", "_enc", "_dec", "_keys")
-
-    def __init__(self, data, enc, dec):
-        self._data, self._enc, self._dec = data, enc, dec
-
-    def _key(self, key):
-        encoded = _ENCODED.get(key)
-        if encoded is None:
-            encoded = _ENCODED[key] = self._enc(key)
-        return encoded
-
-    def __contains__(self, key):
-        return self._key(key) in self._data
-
-    def __getitem__(self, key):
-        return self._dec(self._data[self._key(key)])
-
-    def get(self, key, default=None):
-        value = self._data.get(self._key(key))
-        return default if value is None else self._dec(value)
-
-    def __iter__(self):
-        return iter(list(os.environ))
-
-    def __len__(self):
-        return len(self._data)
-
-
 class _MappingView:
-    """Any other mapping: one pass over its keys, then no exceptions for missing ones."""
+    """os.environ (or any other mapping) read through one pass over its keys: resolution asks
+    for ~50 mostly-missing variables, and os.environ answers each missing one by raising
+    KeyError inside .get(). Measured (callgrind, whole process): cheaper than reading
+    os.environ directly, and than the former view of its private ``_data``."""
 
     __slots__ = ("_env", "_keys")
 
@@ -432,14 +389,8 @@ def _check_invariants(r):
     if hosts is not None and nodes is not None and len(hosts) != nodes:
         _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
     addr = get("master_addr")
-    if addr is not None and addr not in _HOSTS_SEEN:
-        if not _is_host(addr):
-            _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
-        if len(_HOSTS_SEEN) < 64:  # a process sees one or two; the bound keeps garbage out
-            _HOSTS_SEEN.add(addr)
-
-
-_HOSTS_SEEN = {LOOPBACK}  # addresses _is_host already accepted (it is a pure function)
+    if addr is not None and not _is_host(addr):
+        _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
 
 
 def _is_host(addr) -> bool:
