@@ -15,6 +15,7 @@ MASTER_ADDR anywhere (the harness's clean environment drops it; the probe assert
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -194,3 +195,91 @@ def test_intel_mpi_hydra_offers_no_pmi_port(need):
                        capture_output=True, text=True, env=harness.clean_env())
     assert p.returncode != 0 and re.search(r"unrecognized argument pmi-port", p.stdout + p.stderr), \
         (lay.name, p.returncode, p.stdout[-500:], p.stderr[-500:])
+
+
+# -- framework cells: the examples, unchanged, as the 4 ranks (MPICH 4, both PMI modes) --------
+E2E = harness.REPO / "tests" / "e2e"
+if str(E2E) not in sys.path:
+    sys.path.insert(0, str(E2E))
+FRAMEWORK_TIMEOUT = 900  # four framework imports on two shared cores
+
+
+def _json_lines(text: str) -> list:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+_cells: dict = {}
+
+
+def _cell(key, make):
+    if key not in _cells:
+        _cells[key] = make()
+    return _cells[key]
+
+
+@pytest.mark.parametrize("mode", ["fd", "port"])
+def test_lightning_trains_like_one_process(need, mode):
+    """examples/lightning_trainer.py (DistenvEnvironment + trainer_kwargs) as 2x2 ranks, rank 0
+    on node2: one 4-process DDP job whose weights equal a single process's over the same
+    global batches."""
+    from framework_runs import BASE_ENV, venv_python
+
+    py = venv_python("lightning")
+    lay = need(layout("mpich4", mode))
+    script = str(harness.REPO / "examples" / "lightning_trainer.py")
+    args = [script, "--package", "lightning"]
+
+    def single():
+        p = subprocess.run(["timeout", "-k", "5", str(FRAMEWORK_TIMEOUT), py, *args],
+                           env=harness.clean_env(BASE_ENV), capture_output=True, text=True,
+                           cwd="/tmp", stdin=subprocess.DEVNULL)
+        found = [r for r in _json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
+        assert p.returncode == 0 and len(found) == 1, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+        return found[0]
+
+    ref = _cell("lightning-single", single)
+    result = harness.launch(lay, [py, *args], env=BASE_ENV, timeout=FRAMEWORK_TIMEOUT, check=False)
+    found = [r for out, _ in result["files"].values() for r in _json_lines(out)
+             if r.get("example") == "lightning_trainer"]
+    assert result["rc"] == 0 and len(found) == 1, harness.describe_failure(lay, result)
+    out = found[0]
+    assert out["environment"] == "DistenvEnvironment" and out["strategy"] == "DDPStrategy", out
+    assert (out["world_size"], out["num_nodes"], out["devices"]) == (4, 2, 2), out
+    assert out["ranks"] == [0, 1, 2, 3] and len(set(out["pids"])) == 4, out
+    assert out["hosts"] == EXPECT_HOSTS and out["node_ranks"] == [0, 0, 1, 1], out
+    assert len(set(out["checksums"])) == 1, f"ranks ended with different parameters: {out}"
+    assert out["steps"] == ref["steps"], (out, ref)
+    assert math.isclose(out["checksum"], ref["checksum"], rel_tol=1e-4, abs_tol=1e-6), (out, ref)
+    assert math.isclose(out["final_loss"], ref["final_loss"], rel_tol=1e-4, abs_tol=1e-6), (out, ref)
+
+
+@pytest.mark.parametrize("mode", ["fd", "port"])
+def test_transformers_trainer_really_distributed(need, mode):
+    """examples/hf_trainer.py (distenv.transformers.patch()) as 2x2 ranks, rank 0 on node2:
+    4 processes in one DDP job, the same weights on every rank, a quarter of the steps."""
+    from framework_runs import BASE_ENV, steps, venv_python
+
+    py = venv_python("transformers5")
+    lay = need(layout("mpich4", mode))
+    samples, batch = 32, 4
+    cmd = [py, str(harness.REPO / "examples" / "hf_trainer.py"), "--report", "--samples",
+           str(samples), "--num_train_epochs", "1", "--logging_steps", "2"]
+    result = harness.launch(lay, cmd, env=BASE_ENV, timeout=FRAMEWORK_TIMEOUT, check=False)
+    records = sorted((r for out, _ in result["files"].values() for r in harness.parse_records(out)),
+                     key=lambda r: r["process_index"])
+    assert result["rc"] == 0 and len(records) == 4, harness.describe_failure(lay, result)
+    assert [r["process_index"] for r in records] == [0, 1, 2, 3], records
+    assert {r["world_size"] for r in records} == {4}, records
+    assert {r["parallel_mode"] for r in records} == {"distributed"}, records
+    assert {r["wrapped"] for r in records} == {"DistributedDataParallel"}, records
+    assert len({r["checksum"] for r in records}) == 1, "ranks disagree on the weights"
+    assert {r["steps_per_epoch"] for r in records} == {steps(samples, batch, 4)}, records
+    assert len({r["master_port"] for r in records}) == 1, records
