@@ -29,18 +29,21 @@ rejects ``-pmi-port``): the proxy hands each rank one end of a Unix socket pair,
 ``PMI_FD``. **-pmi-port** (MPICH): ``PMI_PORT=<proxy host>:<port>`` and ``PMI_ID`` (the rank;
 there is no ``PMI_SIZE``, the handshake gives the size).
 
-What keeps the service usable afterwards (measured, MPICH 4 and 5, Intel MPI):
+What keeps the service usable afterwards, and the job's end clean (measured, MPICH 4 and 5,
+Intel MPI, one and two nodes):
 
-* PMI_FD: a later ``cmd=init`` on the same fd (mpi4py's ``MPI_Init``) works after ours, so
-  distenv talks on a duplicate of the fd, closes only the duplicate, and never sends
-  ``finalize`` (after a ``finalize`` the proxy closes the fd: MPI_Init then fails with
-  "Unable to write to PMI_fd").
-* -pmi-port: closing the connection without ``finalize`` is read by Hydra as the rank dying
-  ("BAD TERMINATION ... EXIT CODE: 9": the other ranks are killed), and a ``finalize``
-  followed by MPI_Init's new connection crashed MPICH 4's proxy ("double free"). So distenv
-  keeps its connection open for the life of the process and sends ``finalize`` at exit
-  (`atexit`), after MPI_Finalize if MPI ran: both MPICHs then exit 0. A process that ends
-  by ``os._exit`` skips that and Hydra ends the job as failed.
+* A later ``cmd=init`` (mpi4py's ``MPI_Init``, Horovod, an MPI program) works after ours --
+  on the same PMI_FD, or with -pmi-port on a new connection while ours stays open. But a
+  ``finalize`` before it breaks it: the proxy closes PMI_FD ("Unable to write to PMI_fd"),
+  and with -pmi-port MPICH 4's proxy crashed ("double free").
+* Not finalizing is no better: with -pmi-port a connection closed without ``finalize``
+  makes Hydra kill the job ("BAD TERMINATION ... EXIT CODE: 9"); with PMI_FD Intel MPI
+  kills it when a rank that sent ``init`` exits without ``finalize`` (MPICH does not mind).
+* So a watcher process (`_hold`: forked twice, holding only the connection) waits for the
+  rank to end -- however it ends: return, ``os._exit``, an ``exec``'ed program's exit --
+  then sends ``finalize``. Every combination above then exits 0.
+* Timeouts make a socket non-blocking, a flag PMI_FD shares with our duplicate: it is put
+  back, or MPI_Init's blocking read fails ("Resource temporarily unavailable", measured).
 
 Guards (a connection used by two processes corrupts the protocol for both): distenv uses the
 service only in a process Hydra's proxy started itself -- its parent is ``hydra_pmi_proxy``
@@ -48,10 +51,15 @@ service only in a process Hydra's proxy started itself -- its parent is ``hydra_
 is a socket whose peer (SO_PEERCRED) is that parent. A child of a rank (a DataLoader
 worker, a subprocess, Lightning's or torch's launchers) has the rank as its parent and
 never qualifies, whatever it inherited; so does a rank started through a shell script that
-does not ``exec`` (then set MASTER_ADDR, or ``exec python ...`` in the script).
-``distenv run`` passes ``DISTENV_PMI_HELD`` to the command it execs: the service was used
-by that process already (and, with -pmi-port, which fd holds its connection).
-``DISTENV_PMI=0`` turns the exchange off.
+does not ``exec`` (then set MASTER_ADDR, or ``exec python ...`` in the script). A process
+that ran the exchange never runs it again (the answer is kept). ``distenv run`` passes
+``DISTENV_PMI_HELD`` (its pid and what it found) to the command it execs: same pid, same
+rank, so the command completes from that without communicating (`inherited`), and any
+other process that inherits the variable refuses the service. ``DISTENV_PMI=0`` turns the
+exchange off.
+
+Cost (benchmarks/bench_pmi.py): one ``put``, one barrier and one ``get`` per rank of the
+job, each answered by the local proxy.
 
 Never called by `resolve()`: adapters call `distenv.discovery.complete()` where
 communication is about to happen anyway.
