@@ -211,7 +211,8 @@ _layouts = [
            on_node1(OMPI5, "--allow-run-as-root", "-np", "4", "-H", "node1:2,node2:2",
                     "--map-by", "ppr:2:node", "--prtemca", "plm_ssh_agent", FAKESSH,
                     "--prtemca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET),
-           NODES, unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node"})),
+           NODES, unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node", "master_addr"}),
+           note="Open MPI 5 maps by its host list, which ranks do not see: no master (issue 13)"),
     # mpirun on a host that runs no rank (a login node): here the root namespace, host
     # name vm, which reaches the nodes over the bridge (10.213.77.1)
     Layout("openmpi4", "2x2-from-head", "cluster", 4, "openmpi", "openmpi",
@@ -224,7 +225,7 @@ _layouts = [
            plain(OMPI5, "--allow-run-as-root", "-np", "4", "-H", "node1:2,node2:2",
                  "--map-by", "ppr:2:node", "--prtemca", "plm_ssh_agent", FAKESSH,
                  "--prtemca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET),
-           NODES, unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node"}),
+           NODES, unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node", "master_addr"}),
            master_optional=True,
            note="mpirun's host (vm) runs no rank: master is node1 or unknown, never vm"),
     Layout("mpich4", "2x2", "cluster", 4, "hydra", "mpich",
@@ -265,7 +266,7 @@ _layouts = [
     Layout("slurm", "N2-sbatch-openmpi5", "slurm2", 4, "openmpi", "openmpi",
            plain(OMPI5, "--allow-run-as-root", "-np", "4"), NODES,
            batch=("-N2", "--ntasks-per-node=2"), also=("openmpi5",),
-           unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node"})),
+           unknown=frozenset({"node_rank", "num_nodes", "nproc_per_node", "master_addr"})),
     Layout("slurm", "N2-sbatch-mpich4", "slurm2", 4, "hydra", "mpich",
            plain(MPICH4, "-np", "4"), NODES, batch=("-N2", "--ntasks-per-node=2"),
            also=("mpich4",), unknown=HYDRA_MULTI),

@@ -39,9 +39,9 @@ KNOWN_BUGS = {
 }
 
 #: Layouts where mpirun ran on a host with no rank. Open MPI 4 tells every rank (more daemons
-#: than nodes); Open MPI 5 tells only rank 0, which refuses to name a master, so a job that
-#: needs one fails on rank 0 at once instead of the others waiting on the wrong host.
-HEAD_LAYOUTS = {"openmpi4-2x2-from-head": "all", "openmpi5-2x2-from-head": "rank0"}
+#: than nodes); Open MPI 5 names no master across nodes at all (issue 13: it maps by a host
+#: list the ranks do not see), so every rank leaves it unknown there too.
+HEAD_LAYOUTS = {"openmpi4-2x2-from-head": "all", "openmpi5-2x2-from-head": "all"}
 
 _cache: dict = {}
 

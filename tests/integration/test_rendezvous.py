@@ -20,6 +20,8 @@ from harness import LAYOUTS
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(600)]
 
 GENV_MASTER = ("-genv", "MASTER_ADDR", "node1")
+#: Open MPI 5 maps by a host list the ranks do not see (issue 13): the master is passed too.
+X_MASTER = ("-x", "MASTER_ADDR=node1")
 
 #: (layout, extra launcher args, xfail reason)
 RUNS = [
@@ -31,7 +33,7 @@ RUNS = [
     ("slurm-srun-n2", (), None),
     ("torchrun-nproc2", (), None),
     ("openmpi4-2x2", (), None),
-    ("openmpi5-2x2", (), None),
+    ("openmpi5-2x2", X_MASTER, None),
     ("mpich4-2x2", GENV_MASTER, None),
     ("intelmpi-2x2", GENV_MASTER, None),
     ("slurm-N2-2x2", (), None),
@@ -69,6 +71,6 @@ def test_gloo_all_reduce(need, torch_python, name, extra):
     assert set(recs[0]["peers"]) == set(lay.hosts)
     masters = {r["resolved"]["master_addr"] for r in recs}
     assert len(masters) == 1
-    if extra == GENV_MASTER:
+    if extra in (GENV_MASTER, X_MASTER):
         assert masters == {"node1"}
         assert lay.unknown >= {"master_addr"}, "the launcher now reveals the master: drop -genv"

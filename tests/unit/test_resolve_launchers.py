@@ -68,10 +68,14 @@ def test_openmpi_node_rank_trap_is_not_used():
     assert "OMPI_MCA_orte_hnp_uri" in env.provenance["master_addr"]
 
 
-def test_openmpi5_master_from_pmix_namespace_with_dashed_host():
+def test_openmpi5_across_nodes_has_no_master_address():
+    # Issue 13: PRRTE maps by its host list, which no rank sees (measured: -H node2:2,node1:2
+    # from node1 put rank 0 on node2), so the mpirun host in PMIX_NAMESPACE proves nothing.
     env = resolve(ompi(1, 4, 1, 2, PMIX_NAMESPACE="prterun-gpu-node-7-12345@1", OMPI_WORLD_SIZE="4"))
-    assert env.master_addr == "gpu-node-7"
+    assert env.master_addr is None and any("MASTER_ADDR" in n for n in env.notes)
     assert env.job_id == "prterun-gpu-node-7-12345@1"
+    assert resolve(ompi(1, 4, 1, 2, PMIX_NAMESPACE="prterun-gpu-node-7-12345@1",
+                        MASTER_ADDR="gpu-node-7")).master_addr == "gpu-node-7"
 
 
 def test_openmpi5_out_of_order_local_ranks_are_taken_as_given():
@@ -309,14 +313,16 @@ def test_resolve_does_not_write_the_environment():
     assert env == before
 
 
-def test_openmpi5_two_nodes_rank0_on_mpirun_host_keeps_master():
-    # Measured on the namespace cluster: the mpirun host's daemon is <nspace>@0.0.
+def test_openmpi5_two_nodes_every_rank_leaves_the_master_unknown():
+    # Issue 13: rank 2 on node1 of `-H node2:2,node1:2` sees what rank 0 of `-H node1:2,node2:2`
+    # sees (mpirun's daemon, same namespace); no rank can prove rank 0's host, so none names one.
     base = ompi(0, 4, 0, 2, PMIX_NAMESPACE="prterun-node1-4242@1", PMIX_HOSTNAME="node1")
     got = resolve(dict(base, PMIX_SERVER_URI4="prterun-node1-4242@0.0;tcp4://127.0.0.1:1"))
-    assert got.master_addr == "node1" and not got.notes
+    assert got.master_addr is None and any("MASTER_ADDR" in n for n in got.notes)
     other = ompi(2, 4, 0, 2, PMIX_NAMESPACE="prterun-node1-4242@1", PMIX_HOSTNAME="node2",
                  PMIX_SERVER_URI4="prterun-node1-4242@0.1;tcp4://127.0.0.1:1")
-    assert resolve(other).master_addr == "node1"
+    assert resolve(other).master_addr is None
+    assert got.master_port == resolve(other).master_port
 
 
 def test_openmpi5_mpirun_outside_the_job_gives_no_master():

@@ -2,10 +2,43 @@
 
 Traps: OMPI_COMM_WORLD_NODE_RANK is a *local* index, not a node index; Open MPI 5 numbers
 local ranks out of rank order; OMPI_UNIVERSE_SIZE counts slots. No node index is given, so
-node_rank is known only on one node. The master address: Open MPI 4 gives the addresses of
-the mpirun host in OMPI_MCA_orte_hnp_uri, Open MPI 5 its name in PMIX_NAMESPACE. Open MPI
-maps rank 0 to the first node of the job, which is the mpirun host whenever that host
-takes part (the usual case: mpirun from the first node of an allocation).
+node_rank is known only on one node.
+
+Read directly: rank, size, local rank and size (OMPI_COMM_WORLD_*), the node count
+(OMPI_MCA_orte_num_nodes, Open MPI 4), the job id. Inferred (docs/inferences.md):
+
+=================  =====================================================================
+field              rule and its proof
+=================  =====================================================================
+master_addr,       The mpirun host (its addresses are in OMPI_MCA_orte_hnp_uri), only
+Open MPI 4         when ORTE's own rule puts rank 0 there: ORTE lists the target nodes
+                   in daemon order with mpirun's node (daemon 0) first
+                   (``orte_rmaps_base_get_target_nodes``, orte/mca/rmaps/base/
+                   rmaps_base_support_fns.c: "if the hnp was allocated, include it",
+                   then the pool "in daemon order"), and its round-robin and ppr
+                   mappers give rank 0 the first target node. Measured on two nodes:
+                   ``-H node2:2,node1:2`` and a host file listing node2 first, started
+                   on node1, both put rank 0 on node1. The rule does not hold, and the
+                   address is unknown, when: mpirun's host runs no rank (daemon count
+                   OMPI_MCA_ess_base_num_procs > node count; rank 0's daemon is not
+                   mpirun's); several app contexts (OMPI_NUM_APP_CTX > 1, MPMD
+                   ``-np 1 -H node2 a : -np 2 -H node1 b`` put rank 0 on node2, measured:
+                   ranks of the later contexts cannot tell); a user mapping (a rankfile,
+                   OMPI_MCA_orte_rankfile; ``--map-by seq`` / ``-mca rmaps seq``, which
+                   follow the host file: measured rank 0 on node2). With a user mapping
+                   OMPI_MCA_orte_num_nodes also differs between ranks (4 and 2 measured
+                   on two nodes), so the node count is unknown too.
+master_addr,       Unknown across nodes. PRRTE maps by its host list (-H, host file or
+Open MPI 5         allocation order), which no rank sees: ``-H node2:2,node1:2`` started
+                   on node1 put rank 0 on node2 while ranks 2 and 3 on node1 saw exactly
+                   what rank 0 and 1 see in the ordinary ``-H node1:2,node2:2`` layout
+                   (same daemon, same PMIX_NAMESPACE; measured). Set MASTER_ADDR
+                   (``mpirun -x MASTER_ADDR=<first host>``) or call distenv.discover().
+master_port        Derived from the job id (Open MPI 4: job family in the HNP URI and
+                   OMPI_MCA_ess_base_jobid; Open MPI 5: PMIX_NAMESPACE), the same in
+                   every rank (measured, MPMD included).
+num_nodes = 1      world size = local world size (the resolver): then loopback.
+=================  =====================================================================
 """
 
 from __future__ import annotations
@@ -32,22 +65,29 @@ def hnp_address(uri: str) -> "str | None":
     return None
 
 
-def prterun_host(namespace: str) -> "str | None":
-    """'prterun-<host>-<pid>@1' -> '<host>' (host names may contain '-')."""
-    if not namespace.startswith("prterun-"):
-        return None
-    body = namespace[len("prterun-"):].split("@", 1)[0]
-    host, sep, pid = body.rpartition("-")
-    return host if sep and host and pid.isdigit() else None
+def user_mapping(env) -> "str | None":
+    """The variable that says ranks were mapped by the user, not by ORTE's round robin over
+    the target nodes (measured: mpirun passes -rf and --map-by seq on as these)."""
+    for var in ("OMPI_MCA_orte_rankfile", "OMPI_MCA_rmaps_rank_file_path"):
+        if env.get(var):
+            return f"{var}={env[var]} (a rankfile places rank 0)"
+    policy = env.get("OMPI_MCA_rmaps_base_mapping_policy", "")
+    if policy.split(":", 1)[0].strip().lower() == "seq":
+        return f"OMPI_MCA_rmaps_base_mapping_policy={policy} (ranks follow the host file)"
+    mappers = env.get("OMPI_MCA_rmaps", "")
+    if any(m in mappers for m in ("seq", "rank_file")):
+        return f"OMPI_MCA_rmaps={mappers} (ranks follow the host file or rankfile)"
+    return None
 
 
 class OpenMPI(Source):
     name = "openmpi"
     title = "Open MPI"
-    family = "mpi"
-    prefixes = ('OMPI_', 'PMIX_', 'PRTE_', 'ORTE_')
     aliases = ("openmpi", "ompi")
     can_be_per_node = True
+    family = "mpi"
+    prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps",
+                "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
 
     def read(self, env, r):
         r.launch = PER_PROCESS
@@ -67,26 +107,34 @@ class OpenMPI(Source):
             daemon = env.get("OMPI_MCA_orte_local_daemon_uri", "").split(";", 1)[0]
             daemons = env.get("OMPI_MCA_ess_base_num_procs", "")
             nodes = r.get("num_nodes")
-            if _small_int(daemons) and nodes is not None and int(daemons) > nodes:
+            apps = env.get("OMPI_NUM_APP_CTX", "1").strip()
+            user = user_mapping(env)
+            if user:
+                # ORTE's node count then differs between ranks (measured): not a count.
+                r.values.pop("num_nodes", None)
+                r.why.pop("num_nodes", None)
+                self._unknown(r, user)
+            elif apps != "1":
+                self._unknown(r, f"OMPI_NUM_APP_CTX={apps} (an MPMD launch: rank 0's app "
+                                 "context may run on other hosts)")
+            elif _small_int(daemons) and nodes is not None and int(daemons) > nodes:
                 # More daemons than nodes with ranks (measured: set on ranks started by a
                 # remote daemon): mpirun runs a daemon on a host that has no rank.
                 self._not_on_mpirun_host(r, "OMPI_MCA_ess_base_num_procs > OMPI_MCA_orte_num_nodes")
             elif addr and self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
                 r.set("master_addr", addr,
-                      "OMPI_MCA_orte_hnp_uri (the mpirun host, where Open MPI maps rank 0)")
+                      "OMPI_MCA_orte_hnp_uri (the mpirun host: ORTE maps rank 0 to the first "
+                      "target node, mpirun's own)")
         elif namespace:  # Open MPI 5 (or 4 with external PMIx)
             r.set("job_id", namespace, "PMIX_NAMESPACE")
             r.port_key = "pmix:" + namespace
-            host = prterun_host(namespace)
-            server = env.get("PMIX_SERVER_URI41") or env.get("PMIX_SERVER_URI4") or ""
-            daemon = server.split(";", 1)[0]
-            here = env.get("PMIX_HOSTNAME")
-            if host and r.get("rank") == 0 and here and here != host:
-                self._not_on_mpirun_host(r, "PMIX_HOSTNAME")
-            elif host and self._hnp_hosts_rank0(r, daemon, namespace.split("@")[0] + "@0.0",
-                                                 "PMIX_SERVER_URI4"):
-                r.set("master_addr", host,
-                      "PMIX_NAMESPACE (prterun-<mpirun host>-<pid>: rank 0 runs on the mpirun host)")
+            size, local = r.get("world_size"), r.get("local_world_size")
+            if size is None or local is None or size != local:
+                r.notes.append(
+                    "Open MPI 5 maps ranks by its host list (-H, host file or allocation "
+                    "order), which the ranks do not see: rank 0's address is unknown across "
+                    "nodes. Fix: mpirun -x MASTER_ADDR=<first host>, or call distenv.discover()"
+                )
 
     def _hnp_hosts_rank0(self, r, daemon: str, hnp: str, var: str) -> bool:
         """Is the mpirun host (daemon 0) where rank 0 runs, as far as this rank can tell?
@@ -113,6 +161,11 @@ class OpenMPI(Source):
             f"mpirun's host runs no rank here ({var}), so rank 0's address is unknown: "
             "start mpirun on the first node of the job, or set MASTER_ADDR"
         )
+
+    @staticmethod
+    def _unknown(r, why):
+        r.notes.append(f"{why}: rank 0's address is unknown. Fix: mpirun -x MASTER_ADDR=<rank "
+                       "0's host>, or call distenv.discover()")
 
 
 SOURCE = OpenMPI()
