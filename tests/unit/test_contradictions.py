@@ -38,7 +38,8 @@ LAUNCHERS = {
               {"rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID", "node_rank": "SLURM_NODEID"}),
     "horovodrun": ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
                     "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"},
-                   {"rank": "HOROVOD_RANK", "node_rank": "HOROVOD_CROSS_RANK"}),
+                   # local rank 1: HOROVOD_CROSS_RANK is no node index there (issue 13)
+                   {"rank": "HOROVOD_RANK"}),
     "tf_config": ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
                                             "task": {"type": "worker", "index": 1}})},
                   {"rank": "TF_CONFIG"}),

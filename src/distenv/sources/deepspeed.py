@@ -22,7 +22,9 @@ class DeepSpeedLauncher(Source):
         read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE")
         r.int_from(env, "node_rank", "CROSS_RANK", self.title)
         r.int_from(env, "num_nodes", "CROSS_SIZE", self.title, minimum=1)
-        r.set("nproc_per_node", r.get("local_world_size"), "LOCAL_SIZE (same on every node)")
+        # CROSS_RANK/CROSS_SIZE are the launcher's node index and count (launch.py), ranks
+        # numbered node by node. LOCAL_SIZE is this node's count only: a host file may give
+        # hosts different slot counts (the resolver knows it on one or two nodes by count).
         if env.get("MASTER_ADDR"):
             r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR (set by the DeepSpeed launcher)")
         r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)

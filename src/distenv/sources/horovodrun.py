@@ -17,9 +17,14 @@ class HorovodRun(Source):
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "HOROVOD_RANK", "HOROVOD_SIZE",
                     "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
-        # Horovod numbers hosts in the order given to -H, rank 0 on the first.
-        r.int_from(env, "node_rank", "HOROVOD_CROSS_RANK", self.title)
-        r.int_from(env, "num_nodes", "HOROVOD_CROSS_SIZE", self.title, minimum=1)
+        # HOROVOD_CROSS_RANK/SIZE index the hosts that run *this local rank*
+        # (horovod/runner/common/util/hosts.py get_host_assignments: ranks are dealt host by
+        # host in -H order, cross ranks counted per local rank). Every host runs a local
+        # rank 0, so there they are the node index and count; on local rank > 0 of uneven
+        # hosts (-H a:1,b:2) they are not, and nothing says the hosts are even.
+        if env.get("HOROVOD_LOCAL_RANK", "").strip() == "0":
+            r.int_from(env, "node_rank", "HOROVOD_CROSS_RANK", self.title)
+            r.int_from(env, "num_nodes", "HOROVOD_CROSS_SIZE", self.title, minimum=1)
         addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
         port = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
         if addr and port:

@@ -4,6 +4,27 @@ Hydra gives PMI_RANK/PMI_SIZE (with `-pmi-port`: PMI_ID and *no size*) and the l
 MPI_LOCALRANKID/MPI_LOCALNRANKS; Intel MPI adds HYDRA_BSTRAP_NODE_ID, a node index.
 No head-node address is given. SLURM's own PMI-2 plugin also sets PMI_RANK, but not
 MPI_LOCALRANKID, so those processes are left to the SLURM source.
+
+Inferred (docs/inferences.md has every launcher's table):
+
+==============  ==========================================================================
+field           rule and its proof
+==============  ==========================================================================
+node_rank       HYDRA_BSTRAP_NODE_ID (Intel MPI): Hydra's proxy index. Taken as the node's
+                place by lowest rank because Hydra starts proxies in the order it hands
+                out ranks -- measured on two nodes: ``-hosts node1,node2 -ppn 2``,
+                ``-hosts node2,node1 -ppn 2`` and the MPMD ``-n 1 -host node2 : -n 2
+                -host node1`` all gave node 0 to rank 0's host.
+num_nodes = 1   world size = local world size (the resolver); then loopback master.
+master_addr     unknown across nodes (Hydra reveals no head node); the adapters can
+                complete it through Hydra's PMI key-value service (distenv.discovery).
+master_port     derived from I_MPI_HYDRA_UUID (Intel MPI, the same on every rank:
+                measured) or PMI_KVSNAME (the job's key-value space). Never from PMI_PORT:
+                with ``-pmi-port`` it is the local proxy's host:port, different on every
+                node (measured, MPICH 4 and 5 on two nodes: node1:40463 and node2:36967),
+                so ranks derived different ports. Without a job-wide value: torch's
+                default 29500 (MPICH reveals no job id, measured).
+==============  ==========================================================================
 """
 
 from __future__ import annotations

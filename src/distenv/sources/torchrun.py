@@ -27,7 +27,13 @@ class TorchRun(Source):
         r.int_from(env, "num_nodes", "GROUP_WORLD_SIZE", self.title, minimum=1)
         lws = r.get("local_world_size")
         # torchrun starts the same number of workers on every node it manages.
-        r.set("nproc_per_node", lws, "LOCAL_WORLD_SIZE (torchrun starts as many on every node)")
+        # Agents may start different numbers of workers (torch's _assign_worker_ranks "slow
+        # path" sums each agent's local world size), so LOCAL_WORLD_SIZE is this node's count
+        # only -- the same on every node when torch runs its identical-workers fast path
+        # (TORCH_ELASTIC_WORKER_IDENTICAL=1), or by count on one or two nodes (the resolver).
+        if env.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1":
+            r.set("nproc_per_node", lws,
+                  "LOCAL_WORLD_SIZE (TORCH_ELASTIC_WORKER_IDENTICAL=1: as many on every node)")
         if env.get("MASTER_ADDR"):
             r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR (set by torchrun)")
         r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)
