@@ -2,7 +2,7 @@
 # Sets up everything the demo and the whole test suite need on a fresh Debian 12 machine,
 # as root: the launchers (Debian's Open MPI 4, MPICH 4, SLURM; PyPI's Open MPI 5, MPICH 5,
 # Intel MPI, each in its own venv under $DISTENV_LAUNCHERS_DIR) and the project's own
-# virtualenv .venv (distenv editable, torch 2.13 CPU, pytest). Idempotent: a second run
+# virtualenv .venv (distenv editable, torch 2.13 CPU, pytest, tox). Idempotent: a second run
 # takes a few seconds.
 #
 #   bash integrations/setup.sh && .venv/bin/python -m pytest
@@ -19,7 +19,9 @@ integrations/slurm/install.sh >/dev/null   # also makes the munge key if the ima
 pids=()
 (
     if [ ! -x .venv/bin/python ]; then "$DISTENV_PYTHON" -m venv .venv; fi
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[test,torch,discovery]'
+    # tox: the docs run the framework envs with .venv/bin/tox. -c: this machine's exact pins.
+    .venv/bin/pip install -q --disable-pip-version-check -c integrations/frameworks/constraints.txt \
+        -e '.[test,torch,discovery]' tox
     log "project venv ready: .venv"
 ) & pids+=($!)
 integrations/openmpi/install-5.sh >/dev/null & pids+=($!)

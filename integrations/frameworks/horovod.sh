@@ -26,7 +26,8 @@ built() {
 }
 
 build() {
-    venv_pip_install "$venv" -e "$DISTENV_REPO_DIR" "torch==2.13.0" \
+    venv_pip_install "$venv" -c "$DISTENV_REPO_DIR/integrations/frameworks/constraints.txt" \
+        -e "$DISTENV_REPO_DIR" "torch==2.13.0" \
         wheel packaging "setuptools<81" cloudpickle psutil pyyaml cffi
     command -v cmake >/dev/null || "$venv/bin/pip" install -q --disable-pip-version-check cmake
     command -v mpicxx >/dev/null || die "mpicxx not found: install libopenmpi-dev (integrations/openmpi/install.sh)"

@@ -16,7 +16,8 @@ venv="${DISTENV_TENSORFLOW_VENV:-$DISTENV_REPO_DIR/.venvs/tensorflow}"  # tox: i
 py="$venv/bin/python"
 
 install() {
-    venv_pip_install "$venv" -e "$DISTENV_REPO_DIR" "$DISTENV_TENSORFLOW_SPEC" tensorboard mpi4py
+    venv_pip_install "$venv" -c "$DISTENV_REPO_DIR/integrations/frameworks/constraints.txt" \
+        -e "$DISTENV_REPO_DIR" "$DISTENV_TENSORFLOW_SPEC" tensorboard mpi4py
     local tf
     tf=$("$py" -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')
     local mm=${tf%.*}
