@@ -329,6 +329,9 @@ def test_keras3_under_mwms_fails_early_with_the_fix(monkeypatch):
     problem = dtf.keras_problem({})
     assert "Keras 3" in problem and "TF_USE_LEGACY_KERAS=1" in problem
     assert "allow_keras3=True" in problem and "\n" not in problem
+    # Keras 3 itself works on the JAX backend: the fix names that path too.
+    assert "Keras 3 on the JAX backend: distenv.keras.initialize()" in problem
+    assert "docs/frameworks/jax.md" in problem
 
 
 def test_tf_keras_is_fine(monkeypatch):
