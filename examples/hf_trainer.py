@@ -133,6 +133,13 @@ def main() -> int:
                 "transformers")
         print(json.dumps({k: record[k] for k in keys}), flush=True)
     sys.stdout.flush()
+    if torch.distributed.is_initialized():
+        # End the group while the interpreter is whole, as torch asks: left to exit, gloo's
+        # worker thread may free the last collective's tensors after Python began finalizing,
+        # and the process aborts (SIGABRT, exit 134) after a correct run (pytorch/pytorch#190489).
+        # distenv.transformers.patch() does it at exit too, and also waits for gloo's threads,
+        # which live on while the Trainer's DDP model holds the group.
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -45,7 +45,8 @@ _registered = False
 def register() -> None:
     """Run `at_exit` when the interpreter ends (once per process, however often called)."""
     global _registered
-    if _registered or os.environ.get("DISTENV_TEARDOWN", "").strip().lower() in ("0", "false", "no", "off"):
+    off = os.environ.get("DISTENV_TEARDOWN", "").strip().lower() in ("0", "false", "no", "off")
+    if _registered or off:
         return
     import atexit
 

@@ -35,7 +35,16 @@ EXAMPLES = REPO / "examples"
 
 #: Every run: one thread per rank (2 ranks share 2 cores), no distenv.auto, no hub access.
 BASE_ENV = {"OMP_NUM_THREADS": "1", "DISTENV_AUTO": "0", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+#: What a process that died of a fatal signal leaves on its stderr: Python's faulthandler
+#: (PYTHONFAULTHANDLER=1: SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) and C++'s std::terminate.
+FATAL = ("Fatal Python error", "terminate called")
+
+
+def fatal(files: dict) -> "list[str]":
+    """The rank files whose stderr shows a process that died of a fatal signal -- also a
+    process the launcher did not start (Lightning's workers), whose status it never sees."""
+    return [name for name, (_out, err) in sorted(files.items()) if any(m in err for m in FATAL)]
 
 
 def venv_python(name: str) -> str:
@@ -133,8 +142,13 @@ def launch_example(py: str, lay: Layout, script: str, args=(), *, env=None,
     for _name, (out, _err) in sorted(result["files"].items()):
         records.extend(harness.parse_records(out))
     records.sort(key=lambda r: (r.get("process_index", r.get("rank", 0)) or 0))
-    return Run(lay.name, result["rc"], records, result["files"], result["output"],
-               result["elapsed"], result["argv"])
+    # Every process's end counts, not only the launcher's status: one that died of a fatal
+    # signal after its output (an abort at exit) makes the run fail (134) even if the
+    # launcher did not see it.
+    dead = fatal(result["files"])
+    rc = 134 if result["rc"] == 0 and dead else result["rc"]
+    output = result["output"] + (f"\nfatal signal in: {', '.join(dead)}" if dead else "")
+    return Run(lay.name, rc, records, result["files"], output, result["elapsed"], result["argv"])
 
 
 def run_python(py: str, script: str, args=(), *, env=None, timeout: float = TIMEOUT) -> Run:

@@ -37,6 +37,9 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 import harness  # noqa: E402
 from harness import Layout  # noqa: E402
 
+#: What a process that died of a fatal signal leaves on its stderr: Python's faulthandler
+#: (PYTHONFAULTHANDLER=1: SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) and C++'s std::terminate.
+FATAL = ("Fatal Python error", "terminate called")
 #: Jobs running at once. Each is 1-4 processes on a 2-core machine: more only thrashes.
 WORKERS = int(os.environ.get("DISTENV_E2E_JOBS", "3"))
 
@@ -195,7 +198,7 @@ class Pool:
     def _run(self, name: str, job: Job) -> Result:
         python, _ = interpreter(job.python)
         cmd = [python, *job.args]
-        env = {"PYTHONUNBUFFERED": "1", **job.env}
+        env = {"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **job.env}
         t0 = time.monotonic()
         if job.layout.launcher == "none":
             return self._run_single(name, job, cmd, env)
@@ -209,7 +212,13 @@ class Pool:
         for fname, (out, err) in sorted(res["files"].items()):
             records.extend(_json_lines(out))
             texts.append(f"--- rank file {fname} stdout:\n{out[-4000:]}\n--- stderr:\n{err[-4000:]}")
-        return Result(name, res["rc"], res["elapsed"], records, "\n".join(texts), res["argv"])
+        # Every process's end counts: one that died of a fatal signal after its output (an
+        # abort at exit; Lightning's workers, which the launcher never sees) fails the job.
+        dead = [f for f, (_out, err) in sorted(res["files"].items()) if any(m in err for m in FATAL)]
+        if dead:
+            texts.insert(0, f"fatal signal in: {', '.join(dead)}")
+        rc = 134 if res["rc"] == 0 and dead else res["rc"]
+        return Result(name, rc, res["elapsed"], records, "\n".join(texts), res["argv"])
 
     @staticmethod
     def _run_single(name: str, job: Job, cmd: "list[str]", env: dict) -> Result:

@@ -49,7 +49,8 @@ BASE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "
 def _python(venv: str) -> "str | None":
     if venv == "torch":
         return jobs.PY
-    py = os.environ.get(f"DISTENV_PY_{venv.upper()}") or str(REPO / ".venvs" / venv / "bin" / "python")
+    py = os.environ.get(f"DISTENV_PY_{venv.upper()}") or str(REPO / ".venvs" / venv / "bin"
+                                                              / "python")
     return py if os.access(py, os.X_OK) else None
 
 
@@ -99,8 +100,8 @@ def run_once(name: str, env_extra: "dict | None" = None) -> dict:
     d = tempfile.mkdtemp(prefix=f"exit-{name}.")
     os.chmod(d, 0o777)
     try:
-        res = harness.launch(make_layout(), build(py, d), env={**BASE_ENV, **env, **(env_extra or {})},
-                             timeout=300, check=False)
+        res = harness.launch(make_layout(), build(py, d), timeout=300, check=False,
+                             env={**BASE_ENV, **env, **(env_extra or {})})
         statuses = []
         for f in sorted(Path(d).glob("*.rc")):
             code, _, cmd = f.read_text().strip().partition(" ")
@@ -160,3 +161,20 @@ def test_the_race_is_provoked(request):
             return
     pytest.fail(f"no abort in 4 runs without the exit handler (statuses {seen}): "
                 "late_workers.py no longer provokes the race, so the tests above prove nothing")
+
+
+def test_e2e_harness_sees_a_process_that_aborts_after_its_output():
+    """tests/e2e (framework_runs.fatal, launch_pool) fail a job whose process died of a fatal
+    signal even when the launcher exited 0 (Lightning's workers are not the launcher's): a
+    real process that writes its result and then aborts, as the exit race did."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "e2e"))
+    import framework_runs
+
+    p = subprocess.run([jobs.PY, "-c", "import os; print('DISTENV-PROBE {}', flush=True); os.abort()"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**harness.clean_env(), "PYTHONFAULTHANDLER": "1"})
+    assert p.returncode == -6 and "DISTENV-PROBE" in p.stdout
+    assert framework_runs.fatal({"rank.1": (p.stdout, p.stderr), "rank.0": ("ok", "")}) == ["rank.1"]

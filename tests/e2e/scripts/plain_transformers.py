@@ -117,6 +117,13 @@ def main() -> int:
                 "transformers")
         print(json.dumps({k: record[k] for k in keys}), flush=True)
     sys.stdout.flush()
+    if torch.distributed.is_initialized():
+        # End the group while the interpreter is whole, as torch asks: left to exit, gloo's
+        # worker thread may free the last collective's tensors after Python began finalizing,
+        # and the process aborts (SIGABRT, exit 134) after a correct run (pytorch/pytorch#190489).
+        # gloo's threads live on while the Trainer's DDP model holds the group: under
+        # `distenv run` or DISTENV_AUTO=1, distenv also waits for them at exit.
+        torch.distributed.destroy_process_group()
     return 0
 
 
