@@ -174,9 +174,9 @@ def test_a_process_not_started_by_the_proxy_keeps_its_fd_untouched():
     ours, theirs = socket.socketpair()
     code = ("import os, distenv.discovery as d, distenv.pmi as p; o, why = p.offer(); "
             "e = d.complete(need=('master_addr',)); print(o, e.master_addr, why)")
-    env = {**os.environ, **HYDRA, "PMI_FD": str(theirs.fileno()), "PMI_RANK": "0", "PMI_SIZE": "2",
-           "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"}
-    env.pop("MASTER_ADDR", None)
+    # a fresh environment: other tests may have exported RANK, MASTER_ADDR, ... into this one
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **HYDRA, "PMI_FD": str(theirs.fileno()),
+           "PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"}
     p = subprocess.run([sys.executable, "-c", code], env=env, pass_fds=(theirs.fileno(),),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
