@@ -65,7 +65,7 @@ def main() -> int:
         import distenv.deepspeed
 
         env = distenv.deepspeed.init_distributed()   # resolve, export, auto_mpi_discovery=False
-        world = env.world_size
+        world = env.checked().world_size             # an int (or an error naming what to set)
     else:
         deepspeed.init_distributed()                 # DeepSpeed's own discovery (mpi4py ...)
         world = deepspeed.comm.get_world_size()

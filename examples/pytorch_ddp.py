@@ -65,7 +65,9 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
 
-    env = distenv.torch.init_process_group()
+    # .checked(): rank, world size, local rank and master known (int/str, never None) or one
+    # error saying what to set -- so `env.local_rank` below type-checks as an int.
+    env = distenv.torch.init_process_group().checked()
     t_init = time.time()
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.global_batch % world:

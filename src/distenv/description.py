@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+# Names for type checkers only (mypy treats any TYPE_CHECKING as true): importing `typing`
+# would cost `import distenv` milliseconds.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .checked import Checked
+
 #: The public fields, in the order `distenv show --json` prints them. This is a contract.
 FIELDS = (
     "launcher",
@@ -169,6 +177,22 @@ class DistEnv:
         from .export import export
 
         return export(self, environ, overwrite=overwrite)
+
+    def checked(self) -> "Checked":
+        """This description with rank, world_size, local_rank (int), master_addr (str) and
+        master_port (int) known -- typed without None -- or a `DistEnvError` naming every unknown
+        one and what to set. See `distenv.checked`."""
+        from .checked import Checked
+
+        return Checked(self)
+
+    def require(self, *names: str) -> "tuple[Any, ...]":
+        """The values of the named fields, in order, none of them None; else a `DistEnvError`
+        naming every unknown one and what to set: ``rank, nodes = env.require("rank",
+        "num_nodes")``."""
+        from .checked import require
+
+        return require(self, names)
 
 
 def _runs(hosts) -> str:
