@@ -9,6 +9,8 @@ MASTER_ADDR anywhere (the harness's clean environment drops it; the probe assert
   all-reduces; mpi4py's MPI_Init then works in the same processes; a forked and a spawned
   child that inherited the PMI descriptor or port refuse the service.
 - A rank that exits before the exchange: the others fail within DISTENV_TIMEOUT naming it.
+- Lightning and Transformers examples, unchanged, as the 4 ranks (MPICH 4 both modes, MPICH 5
+  -pmi-port, Intel MPI): one DDP job, Lightning's weights equal to one process's.
 - `distenv run` exchanges once and execs the command with the completed variables; the
   command itself never uses the service again. `distenv show --discover` prints the result.
 """
@@ -197,7 +199,7 @@ def test_intel_mpi_hydra_offers_no_pmi_port(need):
         (lay.name, p.returncode, p.stdout[-500:], p.stderr[-500:])
 
 
-# -- framework cells: the examples, unchanged, as the 4 ranks (MPICH 4, both PMI modes) --------
+# -- framework cells: the examples, unchanged, as the 4 ranks --------------------------------
 E2E = harness.REPO / "tests" / "e2e"
 if str(E2E) not in sys.path:
     sys.path.insert(0, str(E2E))
@@ -217,6 +219,9 @@ def _json_lines(text: str) -> list:
 
 
 _cells: dict = {}
+#: The framework cells: MPICH 4 in both modes, and one of each other Hydra.
+FRAMEWORK_CASES = [("mpich4", "fd"), ("mpich4", "port"), ("mpich5", "port"), ("intelmpi", "fd")]
+FRAMEWORK_IDS = [f"{l}-{m}" for l, m in FRAMEWORK_CASES]
 
 
 def _cell(key, make):
@@ -225,15 +230,15 @@ def _cell(key, make):
     return _cells[key]
 
 
-@pytest.mark.parametrize("mode", ["fd", "port"])
-def test_lightning_trains_like_one_process(need, mode):
+@pytest.mark.parametrize("launcher,mode", FRAMEWORK_CASES, ids=FRAMEWORK_IDS)
+def test_lightning_trains_like_one_process(need, launcher, mode):
     """examples/lightning_trainer.py (DistenvEnvironment + trainer_kwargs) as 2x2 ranks, rank 0
     on node2: one 4-process DDP job whose weights equal a single process's over the same
     global batches."""
     from framework_runs import BASE_ENV, venv_python
 
     py = venv_python("lightning")
-    lay = need(layout("mpich4", mode))
+    lay = need(layout(launcher, mode))
     script = str(harness.REPO / "examples" / "lightning_trainer.py")
     args = [script, "--package", "lightning"]
 
@@ -261,14 +266,14 @@ def test_lightning_trains_like_one_process(need, mode):
     assert math.isclose(out["final_loss"], ref["final_loss"], rel_tol=1e-4, abs_tol=1e-6), (out, ref)
 
 
-@pytest.mark.parametrize("mode", ["fd", "port"])
-def test_transformers_trainer_really_distributed(need, mode):
+@pytest.mark.parametrize("launcher,mode", FRAMEWORK_CASES, ids=FRAMEWORK_IDS)
+def test_transformers_trainer_really_distributed(need, launcher, mode):
     """examples/hf_trainer.py (distenv.transformers.patch()) as 2x2 ranks, rank 0 on node2:
     4 processes in one DDP job, the same weights on every rank, a quarter of the steps."""
     from framework_runs import BASE_ENV, steps, venv_python
 
     py = venv_python("transformers5")
-    lay = need(layout("mpich4", mode))
+    lay = need(layout(launcher, mode))
     samples, batch = 32, 4
     cmd = [py, str(harness.REPO / "examples" / "hf_trainer.py"), "--report", "--samples",
            str(samples), "--num_train_epochs", "1", "--logging_steps", "2"]
