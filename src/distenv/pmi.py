@@ -363,9 +363,9 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
         if found is None:
             raise PMIError(f"the launcher's key-value service cannot be used here: {why_not}.")
     if timeout is None:
-        from .torch import rendezvous_timeout  # DISTENV_TIMEOUT's one parser (no torch import)
+        from .knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
 
-        timeout = rendezvous_timeout(None, environ).total_seconds()
+        timeout = wait(environ)
     start = time.monotonic()
     deadline = start + timeout
     host = _check_value(socket.gethostname())

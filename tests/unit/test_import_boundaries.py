@@ -41,7 +41,6 @@ SHARED = (
 CORE_EXTERNAL = {"distenv.discovery": {"mpi4py"}}
 #: Known violations, each with its fix. Strict: once fixed, the entry must go (the test fails).
 KNOWN = {
-    ("distenv.pmi", "distenv.torch"): "use distenv.knobs.timeout() for DISTENV_TIMEOUT",
     ("distenv.jax", "distenv.ports"): "use distenv.knobs.side_port() for the coordinator port",
     ("distenv.jax", "distenv.reading"): "use distenv.knobs.side_port() for the coordinator port",
 }
