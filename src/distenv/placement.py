@@ -11,7 +11,9 @@ SLURM (srun)         node list + tasks per node placed by SLURM_DISTRIBUTION: bl
                      deals N at a time (srun(1) --distribution, SLURM's task layout code);
                      arbitrary or unknown distributions: unknown. A layout that puts this
                      rank on another node than SLURM_NODEID says: unknown (the variables
-                     contradict the assumed rule).
+                     contradict the assumed rule). Heterogeneous jobs and steps, and a
+                     job-level node list that is not the step's: unknown (the SLURM
+                     source's `layout_doubt`, measured on two nodes; docs/inferences.md).
 TF_CONFIG            the cluster's host:port list, chief first then workers (the rank rule
                      of `distenv.sources.tfconfig`).
 CLUSTER_SPEC,        per-node launches: the host list in node order, each host repeated

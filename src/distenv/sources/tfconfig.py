@@ -85,11 +85,12 @@ class TFConfig(Source):
         r.launch = PER_PROCESS
         members = workers(config)
         cluster = config["cluster"]
-        hosts = []
-        for entry in members:
-            host = entry.rsplit(":", 1)[0]
-            if host not in hosts:
-                hosts.append(host)
+        # One pass (a cluster of thousands of tasks resolved in seconds with list scans).
+        of = [entry.rsplit(":", 1)[0] for entry in members]  # host of every rank
+        count: dict = {}
+        for host in of:
+            count[host] = count.get(host, 0) + 1
+        hosts = list(count)  # distinct, in rank order (dicts keep insertion order)
         if members:
             r.set("master_addr", hosts[0], "TF_CONFIG: host of the chief (or worker 0)")
         if kind not in TRAINING:
@@ -102,14 +103,14 @@ class TFConfig(Source):
         r.set("hosts", hosts, "TF_CONFIG cluster hosts, in rank order")
         r.set("num_nodes", len(hosts), "distinct hosts in TF_CONFIG")
         rank = task_rank(config)
-        mine = members[rank].rsplit(":", 1)[0]
-        same = [i for i, m in enumerate(members) if m.rsplit(":", 1)[0] == mine]
+        mine = of[rank]
+        same = [i for i, host in enumerate(of) if host == mine]
         why = f"TF_CONFIG task {kind}[{index}]"
         r.set("rank", rank, why + " (chief first, then workers)")
         r.set("local_rank", same.index(rank), why + " among tasks on the same host")
         r.set("local_world_size", len(same), "tasks on the same host in TF_CONFIG")
         r.set("node_rank", hosts.index(mine), "host order in TF_CONFIG")
-        counts = [sum(1 for m in members if m.rsplit(":", 1)[0] == h) for h in hosts]
+        counts = list(count.values())
         if counts and all(c == counts[0] for c in counts):
             r.set("nproc_per_node", counts[0], "tasks per host in TF_CONFIG")
         # Same on every task of the job, different across jobs: the cluster itself.
