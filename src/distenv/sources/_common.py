@@ -1,4 +1,7 @@
-"""Helpers shared by sources (kept tiny: each source stays readable on its own)."""
+"""Helpers shared by sources (kept tiny: each source stays readable on its own).
+
+block_layout's proof is the calling platform's documented layout (docs/inferences.md).
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ AZ_BATCH_MASTER_NODE="<addr>:<port>" (multi-node) and AZ_BATCHAI_MPI_MASTER_NODE
 OMPI_COMM_WORLD_NODE_RANK is not a node rank; with process_count_per_node=1 an MPI job is
 a per-node launch (OMPI_COMM_WORLD_RANK = node rank), which the resolver handles when
 several GPUs are visible or DISTENV_NPROC_PER_NODE asks for more workers per node.
+
+Inferred (docs/inferences.md): master from Azure's own master-node variables; block
+layout (the same count per node, in rank order) for MPI and PyTorch jobs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The DeepSpeed launcher (`deepspeed train.py`): torch variables plus LOCAL_SIZE and CROSS_*."""
+"""The DeepSpeed launcher (`deepspeed train.py`): torch variables plus LOCAL_SIZE and CROSS_*.
+
+Inferred (docs/inferences.md): CROSS_RANK/CROSS_SIZE are the launcher's node index and
+count (ranks numbered node by node); LOCAL_SIZE is this node's count only (a host file may
+give hosts different slot counts).
+"""
 
 from __future__ import annotations
 

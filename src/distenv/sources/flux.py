@@ -1,4 +1,7 @@
-"""Flux (`flux run` / `flux submit`)."""
+"""Flux (`flux run` / `flux submit`).
+
+Inferred (docs/inferences.md): only the port, from FLUX_JOB_ID (the same on every task).
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ workerpool0..3 (0: the primary replica, 1: workers, 2: parameter or reduction se
 node count. Each replica runs one process: a per-node launch whose workers (one per GPU
 by default) are yet to be started. CLUSTER_SPEC is used by unrelated systems too, so its
 shape is checked before it is believed.
+
+Inferred (docs/inferences.md): node rank from the task's pool and index (primary pool
+first); master = MASTER_ADDR or the primary replica's host.
 """
 
 from __future__ import annotations

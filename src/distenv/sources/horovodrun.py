@@ -1,4 +1,8 @@
-"""horovodrun in Gloo mode (in MPI mode it runs mpirun, and the MPI source answers)."""
+"""horovodrun in Gloo mode (in MPI mode it runs mpirun, and the MPI source answers).
+
+Inferred (docs/inferences.md): HOROVOD_CROSS_RANK/SIZE are a node index and count only
+on local rank 0 (Horovod counts cross ranks per local rank); elsewhere unknown.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ PET_MASTER_ADDR, PET_MASTER_PORT for a `torchrun` in the pod to read. When the p
 the script directly, the pod is a node and its workers are yet to be started: a per-node
 launch. v1 also sets RANK = *pod* index and WORLD_SIZE = pods x nprocPerNode, so with
 more than one process per pod RANK is a node rank, not a global rank.
+
+Inferred (docs/inferences.md): nothing beyond the PET_* variables the operator sets.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""LSF `jsrun` (IBM Job Step Manager)."""
+"""LSF `jsrun` (IBM Job Step Manager).
+
+Inferred (docs/inferences.md): only the port, from LSB_JOBID and the jsrun step's namespace.
+"""
 
 from __future__ import annotations
 

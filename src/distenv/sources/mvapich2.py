@@ -1,4 +1,7 @@
-"""MVAPICH2 (mpirun_rsh or its Hydra): MV2_COMM_WORLD_* variables."""
+"""MVAPICH2 (mpirun_rsh or its Hydra): MV2_COMM_WORLD_* variables.
+
+Inferred (docs/inferences.md): nothing; node rank and master are unknown across nodes.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 There is no PALS world-size variable: PMI_SIZE gives it. PALS_LOCAL_SIZE is the *local*
 size. The node list is only in the file $PBS_NODEFILE, which resolution does not read.
+
+Inferred (docs/inferences.md): node_rank = PALS_NODEID, PALS's node index of the
+application (not measured here: no PALS); master unknown; port from PALS_APID.
 """
 
 from __future__ import annotations

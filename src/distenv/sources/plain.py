@@ -4,6 +4,8 @@ Set by hand, by a platform that launches processes itself (Azure ML PyTorch jobs
 older `torch.distributed.launch`. RANK without WORLD_SIZE (or the reverse) cannot be
 trusted and is an error; LOCAL_RANK alone (e.g. `--local_rank` style scripts) is fine only
 when it is 0.
+
+Inferred (docs/inferences.md): nothing; the resolver's one-node rules apply.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ Without a distribution option SageMaker runs the entry point once per host: a pe
 launch (its own torchrun runner uses hosts[0] as master and node_rank = hosts.index).
 With `mpi` it runs mpirun from the first host over the hosts in SM_HOSTS order, so the
 Open MPI source answers and this platform adds the host list and the master host.
+
+Inferred (docs/inferences.md): master = first host of SM_HOSTS (SageMaker's own runner;
+its mpirun runs there, where Open MPI 4 maps rank 0); with mpirun, the block layout
+processes_per_host per host in SM_HOSTS order.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""A single process: nothing launched it distributed (or DISTENV_LAUNCHER=none)."""
+"""A single process: nothing launched it distributed (or DISTENV_LAUNCHER=none).
+
+Inferred (docs/inferences.md): nothing; one process is rank 0 of 1 on one node.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ cluster: {chief|master: [...], worker: [...], ps: [...], evaluator: [...]} of "h
 task: {type, index}. Training workers are ranked chief first, then workers; parameter
 servers and evaluators take part without a rank. Tasks on the same host string share a
 node; nodes are ordered by their lowest rank.
+
+Inferred (docs/inferences.md): all of the above is distenv's rank rule for TF_CONFIG; the
+master is the chief's host (rank 0). Two strings naming one machine count as two nodes.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 torchrun describes its workers completely; when it was started inside another launcher
 (srun, mpirun, a Kubeflow pod) its variables describe the worker and win.
+
+Inferred (docs/inferences.md): nothing beyond the variables, except nproc_per_node =
+LOCAL_WORLD_SIZE only with TORCH_ELASTIC_WORKER_IDENTICAL=1 (agents may run different numbers
+of workers); GROUP_RANK is the order by lowest rank (torch numbers ranks agent by agent).
 """
 
 from __future__ import annotations
