@@ -458,7 +458,7 @@ def _call(original, p: dict, extra: dict, preflight_on: bool = True):
         took = preflight(kwargs["coordinator_address"], p["num_processes"], p["process_id"], seconds,
                          p["why"].get("coordinator_address", ""))
         _log().debug("%d processes met at %s in %.1f s", p["num_processes"],
-                 kwargs["coordinator_address"], took)
+                     kwargs["coordinator_address"], took)
     return original(**kwargs)
 
 
@@ -476,7 +476,9 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
     """
     import jax
 
-    original = getattr(jax.distributed.initialize, "__wrapped__", jax.distributed.initialize)
+    original = jax.distributed.initialize
+    if getattr(original, "_distenv", False):  # patched: the pre-flight must not run twice
+        original = original.__wrapped__
     p = plan(env, port=port, timeout=timeout, coordinator_address=coordinator_address,
              num_processes=num_processes, process_id=process_id,
              local_device_ids=local_device_ids, discover=True)
