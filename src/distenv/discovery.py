@@ -217,6 +217,8 @@ def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *, timeout=No
             "without it, set MASTER_ADDR (and NODE_RANK) in the job script instead."
         ) from None
     comm = MPI.COMM_WORLD
+    if env.world_size is None:  # MPICH -pmi-port gives no PMI_SIZE; MPI knows the size
+        env = _with(env, {"world_size": comm.Get_size()}, "MPI_Comm_size (mpi4py)")
     if comm.Get_rank() != env.rank or comm.Get_size() != env.world_size:
         raise DistEnvError(
             f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but distenv resolved "

@@ -212,7 +212,8 @@ class _Conn:
         return self.recv(expect)
 
 
-_held = None   # pid of the process whose -pmi-port connection a watcher holds
+_held = None   # pid of the process whose connection a watcher holds
+_kept: list = []  # connections kept here when no watcher could be forked
 _done = None   # (pid, Exchange): one exchange per process
 _generation = 0
 
@@ -237,7 +238,16 @@ def _hold(sock: socket.socket) -> None:
 
     watched = os.getpid()
     keep = sock.fileno()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # no process to spare: keep the connection here, open until exit
+        from .log import get_logger
+
+        _kept.append(sock)
+        get_logger(__name__).warning(
+            f"no watcher process for the launcher's connection ({exc.strerror}): if this rank "
+            "ends first, Hydra may end the job as failed")
+        return
     if pid == 0:  # first child: fork the watcher and leave at once
         try:
             if os.fork() == 0:

@@ -252,3 +252,35 @@ def test_handoff_round_trip(monkeypatch):
     assert (back.rank, back.size, back.hosts, back.kvsname) == (1, 4, ex.hosts, "kvs_9")
     assert pmi.inherited({pmi.HELD_VAR: "1;fd;k;a*2", "PMI_RANK": "1"}) is None  # another pid
     assert pmi.inherited({pmi.HELD_VAR: f"{os.getpid()};fd;k;a*x", "PMI_RANK": "0"}) is None
+
+
+def test_complete_uses_mpi_when_it_is_already_initialized(monkeypatch):
+    """MPI initialized in this process (mpi4py): an allgather, no key-value exchange; under
+    -pmi-port MPI also gives the size."""
+    import types
+
+    class Comm:
+        def Get_rank(self):
+            return 2
+
+        def Get_size(self):
+            return 4
+
+        def allgather(self, value):
+            return ["node2", "node2", value, "node1"]
+
+    mpi = types.ModuleType("mpi4py.MPI")
+    mpi.COMM_WORLD = Comm()
+    mpi.Is_initialized = lambda: True
+    mpi.Is_finalized = lambda: False
+    pkg = types.ModuleType("mpi4py")
+    pkg.MPI = mpi
+    monkeypatch.setitem(sys.modules, "mpi4py", pkg)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    monkeypatch.setattr(pmi, "offer", lambda *a: pytest.fail("the service must not be asked"))
+    monkeypatch.setattr(socket, "gethostname", lambda: "node1")
+    env = resolve({"PMI_ID": "2", "PMI_PORT": "node1:3333", "MPI_LOCALRANKID": "0",
+                   "MPI_LOCALNRANKS": "2"})
+    got = complete(env, need=("master_addr", "world_size"))
+    assert (got.world_size, got.master_addr, got.node_rank, got.num_nodes) == (4, "node2", 1, 2)
+    assert got.provenance["master_addr"] == "mpi4py allgather of host names"
