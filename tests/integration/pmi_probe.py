@@ -143,6 +143,19 @@ def after_run() -> None:
           "hostname": socket.gethostname()})
 
 
+def adapter_mode(which: str) -> None:
+    """`deepspeed`: distenv.deepspeed.prepare() (DeepSpeed itself is not needed for it);
+    `auto`: what DISTENV_AUTO=1 exported at interpreter start, before any line of ours."""
+    seen = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                                           "LOCAL_RANK", "NODE_RANK")}
+    if which == "deepspeed":
+        import distenv.deepspeed
+
+        distenv.deepspeed.prepare()
+        seen = {k: os.environ.get(k) for k in seen}
+    emit({"rank": launcher_rank(), "vars": seen, "hostname": socket.gethostname()})
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "torch":
@@ -151,5 +164,7 @@ if __name__ == "__main__":
         fault_mode(int(sys.argv[2]), sys.argv[3])
     elif mode == "after-run":
         after_run()
+    elif mode in ("deepspeed", "auto"):
+        adapter_mode(mode)
     else:
         sys.exit(f"unknown mode {mode}")

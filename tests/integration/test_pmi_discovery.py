@@ -172,6 +172,24 @@ def test_distenv_run_exchanges_once_and_execs(need, launcher, mode):
     assert len(ports) == 1, ports
 
 
+@pytest.mark.parametrize("which,launcher,mode", [("deepspeed", "mpich4", "port"),
+                                                  ("deepspeed", "intelmpi", "fd"),
+                                                  ("auto", "mpich4", "fd"), ("auto", "mpich5", "port")])
+def test_deepspeed_prepare_and_zero_code_export_the_exchange(need, which, launcher, mode):
+    """distenv.deepspeed.prepare() exports DeepSpeed's five variables, and DISTENV_AUTO=1 the
+    torch variables at interpreter start, from the exchange: no MASTER_ADDR given."""
+    lay = need(layout(launcher, mode))
+    env = {"DISTENV_AUTO": "1" if which == "auto" else "0"}
+    records, _ = ranks_of(lay, [harness.PY, PROBE, which], env=env, timeout=120)
+    assert [r["rank"] for r in records] == [0, 1, 2, 3]
+    for r in records:
+        v = r["vars"]
+        assert (v["MASTER_ADDR"], v["WORLD_SIZE"], v["RANK"]) == ("node2", "4", str(r["rank"])), r
+        assert v["LOCAL_RANK"] == str(r["rank"] % 2) and v["MASTER_PORT"], r
+        assert r["hostname"] == EXPECT_HOSTS[r["rank"]], r
+    assert len({r["vars"]["MASTER_PORT"] for r in records}) == 1, records
+
+
 def test_distenv_show_discover(need):
     lay = need(layout("mpich4", "fd"))
     result = harness.launch(lay, [DISTENV, "show", "--discover", "--json"], timeout=120)
