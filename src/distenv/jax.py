@@ -92,25 +92,21 @@ def processes(d: DistEnv) -> "tuple[int | None, int | None, str]":
 def coordinator_port(d: DistEnv, environ=None, port: "int | None" = None) -> "tuple[int, str]":
     """(port, why) for the coordinator service process 0 hosts.
 
-    `port`, else JAX_COORDINATOR_PORT (JAX's own variable), else DISTENV_KERAS_PORT, else
-    derived from the job by the core's rule (`distenv.ports.port_for`, the key being the
-    resolved launcher, job id, master address and port: the same on every process, different
-    across concurrent jobs), never equal to the master port (torchrun's agent store holds it).
+    `port`, else JAX_COORDINATOR_PORT (JAX's own variable), else DISTENV_KERAS_PORT, else the
+    core's side port for "jax" (`distenv.knobs.side_port`: derived from the job's launcher, id,
+    master address and port by `distenv.ports`, the same on every process, different across
+    concurrent jobs, never the master port, which torchrun's agent store holds).
     """
+    from . import knobs
+
     src = os.environ if environ is None else environ
     if port is not None:
         return int(port), "given"
-    from .reading import parse_int
-
     for var in ("JAX_COORDINATOR_PORT", "DISTENV_KERAS_PORT"):
-        raw = src.get(var)
-        if raw:
-            return parse_int(raw, var, minimum=1), f"{var}={raw}"
-    key = f"jax:{d.launcher}:{d.job_id}:{d.master_addr}:{d.master_port}"
-    port = ports.port_for(key)
-    if port == d.master_port:
-        port = ports.BASE + (port - ports.BASE + 1) % ports.SPAN
-    return port, f"derived from the job ({key!r}, distenv.ports), not the master port"
+        if src.get(var):
+            return knobs.side_port(d, "jax", src, var=var), f"{var}={src[var]}"
+    return knobs.side_port(d, "jax", src), (
+        "derived from the job by distenv.knobs.side_port (distenv.ports), not the master port")
 
 
 def _bracket(host: str) -> str:
@@ -171,17 +167,17 @@ def device_plan(d: DistEnv, environ=None, torch_imported: "bool | None" = None) 
 
 def timeouts(environ=None, timeout: "float | None" = None) -> "tuple[float, str]":
     """(seconds every process waits for the others, why): `timeout`, else DISTENV_TIMEOUT,
-    else 180 (the rule of `distenv.torch.rendezvous_timeout`)."""
-    from .torch import rendezvous_timeout
+    else 180 (`distenv.knobs.timeout`)."""
+    from . import knobs
 
     src = os.environ if environ is None else environ
     if timeout is not None:
         if not float(timeout) > 0:
             raise DistEnvError(f"timeout={timeout!r} is not a positive number of seconds.")
         return float(timeout), "given"
-    seconds = rendezvous_timeout(None, src).total_seconds()
     raw = src.get("DISTENV_TIMEOUT")
-    return seconds, (f"DISTENV_TIMEOUT={raw}" if raw and raw.strip() else "the default (DISTENV_TIMEOUT unset)")
+    return knobs.timeout(src), (f"DISTENV_TIMEOUT={raw}" if raw and raw.strip()
+                                else "the default (DISTENV_TIMEOUT unset)")
 
 
 def plan(env=None, *, environ=None, port: "int | None" = None, timeout: "float | None" = None,
