@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -60,7 +61,18 @@ def _dir(name: str) -> Path:
     os.chmod(base, 0o755)
     path = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=base))
     os.chmod(path, 0o755)
+    _MADE.append(path)
     return path
+
+
+_MADE: "list[Path]" = []  # removed when the module's tests are done
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_work_dirs():
+    yield
+    for path in _MADE:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 CELLS = {  # cell -> (layout, processes, devices, hosts per process or None for this host)
