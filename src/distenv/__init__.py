@@ -22,7 +22,7 @@ __all__ = ["DistEnv", "DistEnvError", "FIELDS", "PER_NODE", "PER_PROCESS", "disc
            "__version__"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     # `distenv.discover` on first use: discovery (sockets, the PMI client) stays out of
     # `import distenv`, whose cost is one of the core's guarantees.
     if name == "discover":

@@ -16,7 +16,7 @@ import sys
 def _is_distenv_cli() -> bool:
     """This interpreter runs the `distenv` command (it describes the environment it was
     given, and `distenv run` sets up its children itself)."""
-    argv = getattr(sys, "orig_argv", None) or [sys.executable] + list(getattr(sys, "argv", []))
+    argv: "list[str]" = getattr(sys, "orig_argv", None) or [sys.executable] + list(getattr(sys, "argv", []))
     for i, arg in enumerate(argv[1:], 1):
         if arg == "-m":
             return i + 1 < len(argv) and argv[i + 1] in ("distenv", "distenv.cli")

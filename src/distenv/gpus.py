@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 # Module attributes so tests can point them at a directory they control.
 NVIDIA_DIR = "/proc/driver/nvidia/gpus"
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -20,7 +24,7 @@ def _count_list(value: str) -> int:
     return count
 
 
-def visible_gpus(env) -> "tuple[int, str]":
+def visible_gpus(env: "Mapping[str, str]") -> "tuple[int, str]":
     """(count, why). A *_VISIBLE_DEVICES variable is the scheduler's word; else the driver's."""
     for var in VISIBLE_VARS:
         value = env.get(var)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    #: What sources read: os.environ or any mapping of variable names to values.
+    Env = Mapping[str, str]
+
 #: Largest rank/size we accept; anything above is certainly garbage.
 MAX_COUNT = 1 << 31
 
 
-def show(value, limit: int = 80) -> str:
+def show(value: object, limit: int = 80) -> str:
     """A value quoted for an error message, truncated so garbage cannot flood logs."""
     text = value if isinstance(value, str) else str(value)
     if len(text) > limit:
@@ -38,7 +46,7 @@ def parse_int(raw: str, name: str, who: str = "", minimum: int = 0) -> int:
     return value
 
 
-def get_int(env, name: str, who: str = "", minimum: int = 0):
+def get_int(env: "Env", name: str, who: str = "", minimum: int = 0) -> "int | None":
     """`parse_int` of env[name], or None when the variable is absent."""
     raw = env.get(name)
     if raw is None:
@@ -46,7 +54,7 @@ def get_int(env, name: str, who: str = "", minimum: int = 0):
     return parse_int(raw, name, who, minimum)
 
 
-def parse_json(raw: str, name: str):
+def parse_json(raw: str, name: str) -> Any:
     import json  # lazy: only a few sources carry JSON
 
     try:
@@ -61,27 +69,27 @@ class Reading:
 
     __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source", "addr_explicit")
 
-    def __init__(self):
-        self.values: dict = {}
-        self.why: dict = {}
-        self.notes: list = []
-        self.launch = None  # "per-process" / "per-node"; None until a source decides
-        self.owns: tuple = ()  # canonical variables the source read with its own meaning
-        self.port_key = None  # job identity for deriving a port every rank agrees on
-        self.nproc_source = None  # (value, why) of a platform's own processes-per-node hint
+    def __init__(self) -> None:
+        self.values: "dict[str, Any]" = {}
+        self.why: "dict[str, str]" = {}
+        self.notes: "list[str]" = []
+        self.launch: "str | None" = None  # "per-process" / "per-node"; None until a source decides
+        self.owns: "tuple[str, ...]" = ()  # canonical variables the source read with its own meaning
+        self.port_key: "str | None" = None  # job identity for deriving a port every rank agrees on
+        self.nproc_source: "tuple[str, str] | None" = None  # (raw value, why) of a platform's own processes-per-node hint
         self.addr_explicit = False  # the master address was named outright (not inferred)
 
-    def set(self, field: str, value, why: str) -> None:
+    def set(self, field: str, value: Any, why: str) -> None:
         if value is not None:
             self.values[field] = value
             self.why[field] = why
 
-    def default(self, field: str, value, why: str) -> None:
+    def default(self, field: str, value: Any, why: str) -> None:
         """Set only when nothing has set the field yet."""
         if self.values.get(field) is None:
             self.set(field, value, why)
 
-    def int_from(self, env, field: str, name: str, who: str = "", minimum: int = 0):
+    def int_from(self, env: "Env", field: str, name: str, who: str = "", minimum: int = 0) -> "int | None":
         raw = env.get(name)
         if raw is None:
             return None
@@ -90,5 +98,5 @@ class Reading:
         self.why[field] = f"{name}={value}"
         return value
 
-    def get(self, field: str):
+    def get(self, field: str) -> Any:
         return self.values.get(field)

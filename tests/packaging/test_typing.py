@@ -19,10 +19,28 @@ from packaging_util import ROOT, missing
 SRC = os.path.join(ROOT, "src", "distenv")
 
 TYPED = (
+    "__init__.py",
     "__main__.py",
+    "_autostart.py",
     "checked.py",
     "errors.py",
+    "gpus.py",
     "ports.py",
+    "reading.py",
+    "sources/__init__.py",
+    "sources/_common.py",
+    "sources/azureml.py",
+    "sources/deepspeed.py",
+    "sources/flux.py",
+    "sources/horovodrun.py",
+    "sources/hydra.py",
+    "sources/kubeflow.py",
+    "sources/lsf.py",
+    "sources/mvapich2.py",
+    "sources/pals.py",
+    "sources/plain.py",
+    "sources/single.py",
+    "sources/torchrun.py",
 )
 
 

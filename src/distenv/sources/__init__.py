@@ -15,6 +15,11 @@ Modules are imported only when one of their markers is present, which keeps
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..reading import Env, Reading
 
 
 class Source:
@@ -27,7 +32,7 @@ class Source:
     title = ""
     #: Canonical torch variables this source reads with its *own* meaning; the resolver
     #: does not cross-check them (e.g. GCP's RANK is a node index).
-    owns: tuple = ()
+    owns: "tuple[str, ...]" = ()
     #: May a launch with one process per node be turned into a per-node launch when the
     #: user asks for several workers per node (DISTENV_NPROC_PER_NODE)?
     can_be_per_node = False
@@ -37,23 +42,24 @@ class Source:
     family = ""
     #: Prefixes (or whole names) of the variables this launcher or platform sets (the doctor
     #: shows them).
-    prefixes: tuple = ()
+    prefixes: "tuple[str, ...]" = ()
 
-    def detect(self, env) -> bool:
+    def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
         return True
 
-    def read(self, env, r) -> None:  # pragma: no cover - abstract
+    def read(self, env: "Env", r: "Reading") -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def overlay(self, env, r) -> None:
+    def overlay(self, env: "Env", r: "Reading") -> None:
         """Platforms: fill fields the launcher left unknown."""
 
 
 class Entry:
     __slots__ = ("name", "module", "markers", "_source")
 
-    def __init__(self, name, module, markers, source=None):
+    def __init__(self, name: str, module: "str | None", markers: "Iterable[str]",
+                 source: "Source | None" = None) -> None:
         self.name = name
         self.module = module
         self.markers = tuple(markers)
@@ -63,10 +69,11 @@ class Entry:
         if self._source is None:
             # __import__, not importlib.import_module: importing importlib (and the warnings
             # module it pulls in) cost more than the rest of `import distenv`.
-            self._source = __import__(f"{__name__}.{self.module}", fromlist=("SOURCE",)).SOURCE
+            source: Source = __import__(f"{__name__}.{self.module}", fromlist=("SOURCE",)).SOURCE
+            self._source = source
         return self._source
 
-    def present(self, env) -> "str | None":
+    def present(self, env: "Env") -> "str | None":
         for var in self.markers:
             if var in env:
                 return var
@@ -117,14 +124,14 @@ PLATFORMS = [
 
 def names() -> "list[str]":
     """Every launcher name DISTENV_LAUNCHER accepts."""
-    out = []
+    out: "list[str]" = []
     for entry in LAUNCHERS:
         out.extend(getattr(entry.load(), "aliases", (entry.name,)))
     return out + ["none"]
 
 
 def _all_sources() -> "list[Source]":
-    seen: list = []
+    seen: "list[Source]" = []
     for entry in LAUNCHERS + [NONE] + PLATFORMS:
         source = entry.load()
         if source not in seen:
@@ -142,7 +149,7 @@ def family(launcher: "str | None") -> str:
 
 def launchers_of(family_name: str) -> "tuple[str, ...]":
     """Every launcher name (aliases included) of a family."""
-    out: list = []
+    out: "list[str]" = []
     for entry in LAUNCHERS:
         source = entry.load()
         if source.family == family_name:
@@ -152,7 +159,7 @@ def launchers_of(family_name: str) -> "tuple[str, ...]":
 
 def prefixes(family_name: "str | None" = None) -> "tuple[str, ...]":
     """The variable prefixes of every source (of one family when given), each once."""
-    out: list = []
+    out: "list[str]" = []
     for source in _all_sources():
         if family_name is None or source.family == family_name:
             out.extend(p for p in source.prefixes if p not in out)
@@ -166,7 +173,8 @@ def find(name: str) -> "Entry | None":
     return None
 
 
-def register(source: Source, markers, before: "str | None" = None, platform: bool = False):
+def register(source: Source, markers: "Iterable[str]", before: "str | None" = None,
+             platform: bool = False) -> Entry:
     """Add a source (an instance) that becomes a candidate when one of `markers` is set.
 
     `before` names an existing entry it must take precedence over (default: just before
@@ -174,11 +182,11 @@ def register(source: Source, markers, before: "str | None" = None, platform: boo
     """
     table = PLATFORMS if platform else LAUNCHERS
     entry = Entry(source.name, None, markers, source)
-    if before is None:
-        index = len(table) if platform else len(table) - 1
-    else:
+    index: "int | None" = len(table) if platform else len(table) - 1
+    if before is not None:
         index = next((i for i, e in enumerate(table) if e.name == before), None)
         if index is None:
             raise ValueError(f"no source named {before!r}")
+    assert index is not None
     table.insert(index, entry)
     return entry

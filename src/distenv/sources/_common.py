@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from ..reading import get_int, Reading
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def read_counts(env, r: Reading, who: str, rank, size, local_rank=None, local_size=None):
+    from ..reading import Env
+
+
+def read_counts(env: "Env", r: Reading, who: str, rank: str, size: str,
+                local_rank: "str | None" = None, local_size: "str | None" = None) -> None:
     """The four numbers most launchers give, each recorded with its variable."""
     r.int_from(env, "rank", rank, who)
     r.int_from(env, "world_size", size, who, minimum=1)
@@ -18,7 +25,8 @@ def read_counts(env, r: Reading, who: str, rank, size, local_rank=None, local_si
         r.int_from(env, "local_world_size", local_size, who, minimum=1)
 
 
-def first_int(env, names, who=""):
+def first_int(env: "Env", names: "Iterable[str]", who: str = ""
+              ) -> "tuple[int, str] | tuple[None, None]":
     """(value, name) of the first variable present among `names`."""
     for name in names:
         value = get_int(env, name, who)
@@ -27,7 +35,7 @@ def first_int(env, names, who=""):
     return None, None
 
 
-def block_layout(r, why: str) -> None:
+def block_layout(r: Reading, why: str) -> None:
     """Node rank for a platform that documents a block layout with the same number of
     processes on every node (Azure ML and SageMaker MPI jobs): node = rank // local size."""
     rank, local, size = r.get("rank"), r.get("local_world_size"), r.get("world_size")

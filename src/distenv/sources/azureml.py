@@ -18,6 +18,10 @@ from ..reading import show
 from . import Source
 from ._common import block_layout
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class AzureML(Source):
     name = "azureml"
@@ -26,7 +30,7 @@ class AzureML(Source):
     prefixes = ('AZ_BATCH', 'AZUREML_')
     per_node_platform = True
 
-    def overlay(self, env, r):
+    def overlay(self, env: "Env", r: "Reading") -> None:
         node = env.get("AZ_BATCH_MASTER_NODE")
         if node:
             addr, sep, _port = node.rpartition(":")

@@ -11,6 +11,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class DeepSpeedLauncher(Source):
     name = "deepspeed"
@@ -19,10 +23,10 @@ class DeepSpeedLauncher(Source):
     prefixes = ('CROSS_RANK', 'CROSS_SIZE', 'LOCAL_SIZE')
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
-    def detect(self, env):
+    def detect(self, env: "Env") -> bool:
         return "RANK" in env and "LOCAL_SIZE" in env
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE")
         r.int_from(env, "node_rank", "CROSS_RANK", self.title)

@@ -9,6 +9,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Flux(Source):
     name = "flux"
@@ -17,7 +21,7 @@ class Flux(Source):
     prefixes = ('FLUX_',)
     can_be_per_node = True
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID")
         r.int_from(env, "num_nodes", "FLUX_JOB_NNODES", self.title, minimum=1)

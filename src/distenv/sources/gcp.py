@@ -19,6 +19,10 @@ from ..errors import DistEnvError
 from ..reading import get_int, parse_json
 from . import Source
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 PRIMARY = ("master", "chief", "workerpool0")
 WORKERS = ("worker", "workerpool1")
 
@@ -119,7 +123,7 @@ class GoogleCloud(Source):
     aliases = ("gcp", "vertex")
     owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-    def detect(self, env):
+    def detect(self, env: "Env") -> bool:
         spec = cluster_spec(env)
         if spec is None:
             return False
@@ -129,7 +133,7 @@ class GoogleCloud(Source):
         # container), the replica is a node whatever TF_CONFIG says.
         return "RANK" in env or "TF_CONFIG" not in env or bool(env.get("DISTENV_NPROC_PER_NODE"))
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         spec = cluster_spec(env)
         kind = flavour(spec)
         r.launch = PER_NODE

@@ -10,6 +10,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class HorovodRun(Source):
     name = "horovodrun"
@@ -17,7 +21,7 @@ class HorovodRun(Source):
     family = "horovod"
     prefixes = ('HOROVOD_',)
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "HOROVOD_RANK", "HOROVOD_SIZE",
                     "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")

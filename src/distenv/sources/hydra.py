@@ -33,6 +33,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import first_int
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Hydra(Source):
     name = "mpich"
@@ -42,10 +46,10 @@ class Hydra(Source):
     aliases = ("mpich", "intelmpi", "impi", "hydra")
     can_be_per_node = True
 
-    def detect(self, env):
+    def detect(self, env: "Env") -> bool:
         return "MPI_LOCALRANKID" in env
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         intel = any(k.startswith("I_MPI_") for k in env) or "HYDRA_BSTRAP_NODE_ID" in env
         who = "Intel MPI" if intel else "MPICH"
         r.set("launcher", "intelmpi" if intel else "mpich",

@@ -16,6 +16,10 @@ from ..errors import DistEnvError
 from ..reading import get_int, parse_int
 from . import Source
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 def parse_nnodes(raw: str, name: str) -> int:
     # torchrun accepts "N" or an elastic range "MIN:MAX"; only a fixed size is a size.
@@ -38,7 +42,7 @@ class Kubeflow(Source):
     prefixes = ('PET_',)
     owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_NODE
         r.set("launcher", "kubeflow", "PET_* variables without torchrun: the pod is a node")
         node = get_int(env, "PET_NODE_RANK", "Kubeflow")
@@ -59,7 +63,7 @@ class Kubeflow(Source):
                 r.int_from(env, "master_port", var, "Kubeflow", minimum=1)
                 break
 
-    def after(self, env, r):
+    def after(self, env: "Env", r: "Reading") -> None:
         """v1 check once nproc is known: WORLD_SIZE must be pods x nprocPerNode."""
         nproc = env.get("PET_NPROC_PER_NODE", "").strip()
         if nproc and not nproc.isdigit():

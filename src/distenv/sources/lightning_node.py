@@ -40,6 +40,10 @@ from ..errors import DistEnvError
 from ..reading import parse_int, parse_json, show
 from . import Source
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 #: The variable a per-node process hands its node's description down in.
 VARIABLE = "DISTENV_LIGHTNING_NODE"
 
@@ -81,10 +85,10 @@ class LightningNode(Source):
     # Lightning copies the node description's master into these: the same values.
     owns = ("MASTER_ADDR", "MASTER_PORT")
 
-    def detect(self, env) -> bool:
+    def detect(self, env: "Env") -> bool:
         return "LOCAL_RANK" in env
 
-    def read(self, env, r) -> None:
+    def read(self, env: "Env", r: "Reading") -> None:
         node = _node(env)
         why = f"{VARIABLE} (the node process that started this worker)"
         r.launch = PER_PROCESS

@@ -9,6 +9,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Jsrun(Source):
     name = "lsf"
@@ -18,7 +22,7 @@ class Jsrun(Source):
     aliases = ("lsf", "jsrun")
     can_be_per_node = True
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE",
                     "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE")

@@ -9,6 +9,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Mvapich2(Source):
     name = "mvapich2"
@@ -17,7 +21,7 @@ class Mvapich2(Source):
     prefixes = ('MV2_', 'MPIRUN_')
     can_be_per_node = True
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
                     "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")

@@ -47,6 +47,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 def _small_int(text: str) -> bool:
     """ASCII digits of sane length (str.isdigit() accepts '²', and int() of 5000 digits fails)."""
@@ -89,7 +93,7 @@ class OpenMPI(Source):
     prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps",
                 "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")

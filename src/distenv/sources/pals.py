@@ -13,6 +13,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import first_int
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Pals(Source):
     name = "pals"
@@ -21,7 +25,7 @@ class Pals(Source):
     prefixes = ('PALS_', 'PMI_')
     can_be_per_node = True
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         r.int_from(env, "rank", "PALS_RANKID", self.title)
         r.int_from(env, "world_size", "PMI_SIZE", self.title, minimum=1)

@@ -16,6 +16,10 @@ from ..reading import get_int
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Plain(Source):
     name = "env"
@@ -25,7 +29,7 @@ class Plain(Source):
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     aliases = ("env", "plain")
 
-    def detect(self, env):
+    def detect(self, env: "Env") -> bool:
         has_rank, has_size = "RANK" in env, "WORLD_SIZE" in env
         if has_rank != has_size:
             present, missing = ("RANK", "WORLD_SIZE") if has_rank else ("WORLD_SIZE", "RANK")
@@ -48,7 +52,7 @@ class Plain(Source):
             return False  # LOCAL_RANK=0 alone: a single process
         return True
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         if "RANK" not in env:

@@ -19,6 +19,10 @@ from ..reading import get_int, parse_json, show
 from . import Source
 from ._common import block_layout
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 #: The fix for SageMaker variables distenv cannot read.
 SM_FIX = ("Fix: leave SM_HOSTS and SM_CURRENT_HOST as SageMaker writes them (a JSON list of "
@@ -56,10 +60,10 @@ class SageMaker(Source):
     family = "platform"
     prefixes = ('SM_', 'TRAINING_JOB_NAME')
 
-    def detect(self, env):
+    def detect(self, env: "Env") -> bool:
         return "SM_CURRENT_HOST" in env
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         names = hosts(env)
         r.launch = PER_NODE
         r.set("launcher", "sagemaker", "SM_HOSTS without a launcher: SageMaker ran one process per host")
@@ -72,7 +76,7 @@ class SageMaker(Source):
             r.nproc_source = (str(gpus), f"SM_NUM_GPUS={gpus}")
         self._job(env, r)
 
-    def overlay(self, env, r):
+    def overlay(self, env: "Env", r: "Reading") -> None:
         names = hosts(env)
         if not names:
             return

@@ -8,6 +8,10 @@ from __future__ import annotations
 from ..description import PER_PROCESS
 from . import Source
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class Single(Source):
     name = "none"
@@ -17,7 +21,7 @@ class Single(Source):
     aliases = ("none",)
     can_be_per_node = True
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         why = "a single process: no launcher variables found"
         for field, value in (("rank", 0), ("local_rank", 0), ("world_size", 1),

@@ -54,6 +54,10 @@ from ..errors import DistEnvError
 from ..reading import parse_int
 from . import Source
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 # Step ids of steps that are not srun tasks (batch, extern, interactive, pending...).
 NOT_TASK_STEPS = {"batch", "extern", "interactive", "pending",
                   "4294967290", "4294967291", "4294967292", "4294967293",
@@ -135,11 +139,11 @@ class Slurm(Source):
     aliases = ("slurm", "srun")
     can_be_per_node = True
 
-    def detect(self, env):
+    def detect(self, env: "Env") -> bool:
         step = step_id(env)
         return step is not None and step.strip() not in NOT_TASK_STEPS and "SLURM_PROCID" in env
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         from ..hostlist import expand_hostlist, expand_tasks_per_node
 
         get, values, why = env.get, r.values, r.why

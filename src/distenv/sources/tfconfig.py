@@ -16,6 +16,10 @@ from ..errors import DistEnvError
 from ..reading import parse_json, show
 from . import Source
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 CHIEFS = ("chief", "master")
 #: What a valid TF_CONFIG looks like, for the errors' Fix (TensorFlow's documented form).
 FORM = ('{"cluster": {"worker": ["host0:port", "host1:port"]}, '
@@ -81,7 +85,7 @@ class TFConfig(Source):
     prefixes = ('TF_CONFIG',)
     aliases = ("tf_config", "tensorflow")
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         config = parse(env["TF_CONFIG"])
         task = config["task"]
         kind, index = task["type"], task.get("index", 0)

@@ -14,6 +14,10 @@ from ..description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..reading import Env, Reading
+
 
 class TorchRun(Source):
     name = "torchrun"
@@ -24,7 +28,7 @@ class TorchRun(Source):
             "MASTER_ADDR", "MASTER_PORT")
     aliases = ("torchrun", "torch.distributed.launch", "torchelastic")
 
-    def read(self, env, r):
+    def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         r.int_from(env, "node_rank", "GROUP_RANK", self.title)
