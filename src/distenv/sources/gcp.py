@@ -21,13 +21,15 @@ from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..reading import Env, Reading
 
 PRIMARY = ("master", "chief", "workerpool0")
 WORKERS = ("worker", "workerpool1")
 
 
-def cluster_spec(env) -> "dict | None":
+def cluster_spec(env: "Env") -> "dict[str, Any] | None":
     """The parsed CLUSTER_SPEC when it has the TensorFlow-style shape, else None."""
     raw = env.get("CLUSTER_SPEC")
     if not raw:
@@ -40,14 +42,14 @@ def cluster_spec(env) -> "dict | None":
     return spec
 
 
-def flavour(spec) -> str:
+def flavour(spec: "dict[str, Any]") -> str:
     return "vertex" if any(k.startswith("workerpool") for k in spec["cluster"]) else "gcp"
 
 
-def training_nodes(spec) -> "list[str]":
+def training_nodes(spec: "dict[str, Any]") -> "list[str]":
     """host:port of every training replica in node-rank order (primary first)."""
     cluster = spec["cluster"]
-    out = []
+    out: "list[str]" = []
     for kind in PRIMARY + WORKERS:
         out.extend(str(x) for x in cluster.get(kind, ()))
     return out
@@ -58,7 +60,7 @@ PLATFORM_FIX = ("Fix: leave CLUSTER_SPEC as the platform (GCP AI Platform / Vert
                 "it, the same on every replica, and do not set it yourself.")
 
 
-def task_node_rank(spec) -> "int | None":
+def task_node_rank(spec: "dict[str, Any]") -> "int | None":
     task = spec.get("task")
     if not isinstance(task, dict):
         return None
@@ -88,7 +90,7 @@ TF_TYPES = {"master": "chief", "chief": "chief", "workerpool0": "chief",
             "evaluator": "evaluator", "workerpool3": "evaluator"}
 
 
-def tf_config(env) -> "dict | None":
+def tf_config(env: "Env") -> "dict[str, Any] | None":
     """The TF_CONFIG a CLUSTER_SPEC in `env` describes (pools renamed to TensorFlow's task
     types, checked like a TF_CONFIG), or None without a TensorFlow-style CLUSTER_SPEC."""
     import json
@@ -98,15 +100,15 @@ def tf_config(env) -> "dict | None":
     spec = cluster_spec(env)
     if spec is None:
         return None
-    cluster: dict = {}
+    cluster: "dict[str, list[str]]" = {}
     for pool, tasks in spec["cluster"].items():
         kind = TF_TYPES.get(pool)
         if kind is None:
             raise DistEnvError(f"CLUSTER_SPEC pool {pool!r} is not one TensorFlow knows "
                                f"({', '.join(TF_TYPES)}). " + PLATFORM_FIX)
         cluster.setdefault(kind, []).extend(str(t) for t in tasks)
-    task = spec.get("task") or {}
-    kind = TF_TYPES.get(task.get("type"))
+    task: "dict[str, Any]" = spec.get("task") or {}
+    kind = TF_TYPES.get(task.get("type"))  # type: ignore[arg-type]  # None: not a pool
     if kind is None:
         raise DistEnvError(f"CLUSTER_SPEC task type {task.get('type')!r} is not a known pool. "
                            + PLATFORM_FIX)
@@ -135,6 +137,7 @@ class GoogleCloud(Source):
 
     def read(self, env: "Env", r: "Reading") -> None:
         spec = cluster_spec(env)
+        assert spec is not None  # detect() found it
         kind = flavour(spec)
         r.launch = PER_NODE
         r.set("launcher", kind, "CLUSTER_SPEC: the platform started one process per replica")
@@ -182,7 +185,7 @@ class GoogleCloud(Source):
         if job:
             r.port_key = "gcp:" + job
 
-    def platform(self, env) -> "str | None":
+    def platform(self, env: "Env") -> "str | None":
         spec = cluster_spec(env)
         if spec is not None:
             return flavour(spec)

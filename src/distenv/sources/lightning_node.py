@@ -42,6 +42,9 @@ from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from typing import Any
+
+    from ..description import DistEnv
     from ..reading import Env, Reading
 
 #: The variable a per-node process hands its node's description down in.
@@ -52,7 +55,7 @@ _COPIED = ("world_size", "node_rank", "num_nodes", "nproc_per_node", "master_add
            "master_port", "hosts", "rank_hosts", "job_id")
 
 
-def hand_off(env, devices: int, num_nodes: int) -> str:
+def hand_off(env: "DistEnv", devices: int, num_nodes: int) -> str:
     """The value of DISTENV_LIGHTNING_NODE a node process (`env`, a DistEnv) gives the
     `devices` workers per node that Lightning starts on each of `num_nodes` nodes."""
     import json
@@ -65,7 +68,7 @@ def hand_off(env, devices: int, num_nodes: int) -> str:
     return json.dumps(node)
 
 
-def _node(env) -> dict:
+def _node(env: "Env") -> "dict[str, Any]":
     raw = env[VARIABLE]
     node = parse_json(raw, VARIABLE)
     if not isinstance(node, dict):

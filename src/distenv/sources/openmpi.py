@@ -69,7 +69,7 @@ def hnp_address(uri: str) -> "str | None":
     return None
 
 
-def user_mapping(env) -> "str | None":
+def user_mapping(env: "Env") -> "str | None":
     """The variable that says ranks were mapped by the user, not by ORTE's round robin over
     the target nodes (measured: mpirun passes -rf and --map-by seq on as these)."""
     for var in ("OMPI_MCA_orte_rankfile", "OMPI_MCA_rmaps_rank_file_path"):
@@ -140,7 +140,7 @@ class OpenMPI(Source):
                     "nodes. Fix: mpirun -x MASTER_ADDR=<first host>, or call distenv.discover()"
                 )
 
-    def _hnp_hosts_rank0(self, r, daemon: str, hnp: str, var: str) -> bool:
+    def _hnp_hosts_rank0(self, r: "Reading", daemon: str, hnp: str, var: str) -> bool:
         """Is the mpirun host (daemon 0) where rank 0 runs, as far as this rank can tell?
 
         Daemons are numbered 0 (mpirun) then 1, 2, ... for the other nodes. On rank 0 a
@@ -160,14 +160,14 @@ class OpenMPI(Source):
         return True
 
     @staticmethod
-    def _not_on_mpirun_host(r, var):
+    def _not_on_mpirun_host(r: "Reading", var: str) -> None:
         r.notes.append(
             f"mpirun's host runs no rank here ({var}), so rank 0's address is unknown: "
             "start mpirun on the first node of the job, or set MASTER_ADDR"
         )
 
     @staticmethod
-    def _unknown(r, why):
+    def _unknown(r: "Reading", why: str) -> None:
         r.notes.append(f"{why}: rank 0's address is unknown. Fix: mpirun -x MASTER_ADDR=<rank "
                        "0's host>, or call distenv.discover()")
 

@@ -21,6 +21,8 @@ from ._common import block_layout
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..reading import Env, Reading
 
 
@@ -29,11 +31,11 @@ SM_FIX = ("Fix: leave SM_HOSTS and SM_CURRENT_HOST as SageMaker writes them (a J
           "the job's hosts, and this host's name in it), or unset both outside SageMaker.")
 
 
-def hosts(env) -> "list[str] | None":
+def hosts(env: "Env") -> "list[str] | None":
     raw = env.get("SM_HOSTS")
     if raw is None:
         return None
-    value = parse_json(raw, "SM_HOSTS")
+    value: Any = parse_json(raw, "SM_HOSTS")
     if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
         raise DistEnvError(f"SM_HOSTS must be a non-empty JSON list of host names, got {show(raw)}. "
                            + SM_FIX)
@@ -42,7 +44,7 @@ def hosts(env) -> "list[str] | None":
     return value
 
 
-def current_index(env, names) -> "int | None":
+def current_index(env: "Env", names: "list[str]") -> "int | None":
     current = env.get("SM_CURRENT_HOST")
     if current is None:
         return None
@@ -65,6 +67,7 @@ class SageMaker(Source):
 
     def read(self, env: "Env", r: "Reading") -> None:
         names = hosts(env)
+        assert names is not None  # SM_HOSTS is this source's marker: the resolver checked it
         r.launch = PER_NODE
         r.set("launcher", "sagemaker", "SM_HOSTS without a launcher: SageMaker ran one process per host")
         r.set("hosts", names, "SM_HOSTS")
@@ -93,7 +96,7 @@ class SageMaker(Source):
         self._job(env, r)
 
     @staticmethod
-    def _job(env, r):
+    def _job(env: "Env", r: "Reading") -> None:
         job = env.get("TRAINING_JOB_NAME")
         if job:
             r.default("job_id", job, "TRAINING_JOB_NAME")

@@ -56,6 +56,8 @@ from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..reading import Env, Reading
 
 # Step ids of steps that are not srun tasks (batch, extern, interactive, pending...).
@@ -75,20 +77,20 @@ _INTS = (("rank", ("SLURM_PROCID",), 0),
 # Expanded host lists and task counts by their text: a process resolves its launch again and
 # again (every adapter asks), and the expansion is a pure function of the text. Bounded, so
 # a fuzzer cannot grow it; what is cached is immutable (tuples).
-_MEMO: dict = {}
+_MEMO: "dict[tuple[str, str], Any]" = {}
 
 
-def _remember(key, value):
+def _remember(key: "tuple[str, str]", value: Any) -> Any:
     if len(_MEMO) < 32:
         _MEMO[key] = value
     return value
 
 
-def step_id(env):
+def step_id(env: "Env") -> "str | None":
     return env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
 
 
-def distribution(raw) -> str:
+def distribution(raw: "str | None") -> str:
     """The node-level part of SLURM_DISTRIBUTION: "cyclic:block" -> "cyclic",
     "block,pack" -> "block", "plane" -> "plane"; unset, "*" or "(null)" -> "block"
     (srun's default; srun itself writes "*:cyclic" as "block:cyclic", measured)."""
@@ -99,7 +101,9 @@ def distribution(raw) -> str:
 HET_VARS = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
 
 
-def layout_doubt(env, hosts, node, counts, gtids) -> "tuple[str, bool] | None":
+def layout_doubt(env: "Env", hosts: "tuple[str, ...] | None", node: "int | None",
+                 counts: "tuple[int, ...] | None", gtids: "list[str] | None"
+                 ) -> "tuple[str, bool] | None":
     """Why SLURM_NODEID and the step's node list do not prove where task 0 runs and the
     node order by lowest rank: (reason, counts_usable), or None when they do.
 
@@ -221,7 +225,7 @@ class Slurm(Source):
             r.port_key = f"slurm:{job}.{step_id(env)}"
 
     @staticmethod
-    def _per_node(r, counts, var, node):
+    def _per_node(r: "Reading", counts: "tuple[int, ...]", var: str, node: "int | None") -> None:
         values, why = r.values, r.why
         nodes, size, n = values.get("num_nodes"), values.get("world_size"), len(counts)
         if nodes is not None and n != nodes:

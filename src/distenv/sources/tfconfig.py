@@ -18,6 +18,8 @@ from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..reading import Env, Reading
 
 CHIEFS = ("chief", "master")
@@ -27,7 +29,7 @@ FORM = ('{"cluster": {"worker": ["host0:port", "host1:port"]}, '
 TRAINING = CHIEFS + ("worker",)
 
 
-def parse(raw: str, name: str = "TF_CONFIG") -> dict:
+def parse(raw: str, name: str = "TF_CONFIG") -> "dict[str, Any]":
     config = parse_json(raw, name)
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise DistEnvError(f"{name} has no 'cluster' mapping: {show(raw)}. Fix: give {name} "
@@ -61,16 +63,17 @@ def parse(raw: str, name: str = "TF_CONFIG") -> dict:
     return config
 
 
-def workers(config) -> "list[str]":
+def workers(config: "dict[str, Any]") -> "list[str]":
     cluster = config["cluster"]
     return [t for kind in TRAINING for t in cluster.get(kind, ())]
 
 
-def task_rank(config) -> "int | None":
+def task_rank(config: "dict[str, Any]") -> "int | None":
     """The task's global rank: the chief first, then the workers in order (TensorFlow's
     MultiWorkerMirroredStrategy numbers them so); None for a parameter server or evaluator."""
     cluster, task = config["cluster"], config["task"]
-    kind, index = task["type"], task.get("index", 0)
+    kind = task["type"]
+    index: int = task.get("index", 0)  # parse() checked it is an int
     if kind in CHIEFS:
         return index
     if kind == "worker":
@@ -94,7 +97,7 @@ class TFConfig(Source):
         cluster = config["cluster"]
         # One pass (a cluster of thousands of tasks resolved in seconds with list scans).
         of = [entry.rsplit(":", 1)[0] for entry in members]  # host of every rank
-        count: dict = {}
+        count: "dict[str, int]" = {}
         for host in of:
             count[host] = count.get(host, 0) + 1
         hosts = list(count)  # distinct, in rank order (dicts keep insertion order)
@@ -110,6 +113,7 @@ class TFConfig(Source):
         r.set("hosts", hosts, "TF_CONFIG cluster hosts, in rank order")
         r.set("num_nodes", len(hosts), "distinct hosts in TF_CONFIG")
         rank = task_rank(config)
+        assert rank is not None  # a training task (above)
         mine = of[rank]
         same = [i for i, host in enumerate(of) if host == mine]
         why = f"TF_CONFIG task {kind}[{index}]"
