@@ -7,6 +7,10 @@ import os
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping, Sequence
+
 # Written for a per-process launch; a per-node launch writes only the node-level ones
 # (the workers it will start get their own RANK/LOCAL_RANK from their launcher).
 PROCESS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
@@ -14,7 +18,7 @@ PROCESS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"
 NODE_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK")
 
 
-def variables(env: DistEnv) -> dict:
+def variables(env: DistEnv) -> "dict[str, object]":
     """The canonical variables and their values (None where unknown)."""
     values = {
         "MASTER_ADDR": env.master_addr,
@@ -40,7 +44,7 @@ _PASS_ON = {
 }
 
 
-def missing_message(env: DistEnv, names) -> str:
+def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
     """Why an incomplete launch cannot be exported, and what to set, in the words of the
     launcher at hand (a plain RANK/WORLD_SIZE run has no mpirun to pass variables on)."""
     launcher = env.provenance.get("launcher", env.launcher)
@@ -65,7 +69,8 @@ def missing_message(env: DistEnv, names) -> str:
             + ". Fix: " + "; ".join(fixes) + ".")
 
 
-def export(env: DistEnv, environ=None, overwrite: bool = False) -> dict:
+def export(env: DistEnv, environ: "MutableMapping[str, str] | None" = None,
+           overwrite: bool = False) -> "dict[str, str]":
     """Write MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
     NODE_RANK and GROUP_RANK into `environ` (default ``os.environ``).
 
@@ -74,9 +79,9 @@ def export(env: DistEnv, environ=None, overwrite: bool = False) -> dict:
     needs (the master address across nodes, say) are an error naming the fix.
     Returns the variables written.
     """
-    target = os.environ if environ is None else environ
+    target: "MutableMapping[str, str]" = os.environ if environ is None else environ
     values = variables(env)
-    required = ("MASTER_ADDR", "MASTER_PORT") if env.is_distributed else ()
+    required: "tuple[str, ...]" = ("MASTER_ADDR", "MASTER_PORT") if env.is_distributed else ()
     if env.launch != PER_NODE and env.is_distributed:
         required += ("RANK", "WORLD_SIZE")
     missing = [k for k in required if values.get(k) is None]
@@ -91,7 +96,7 @@ def export(env: DistEnv, environ=None, overwrite: bool = False) -> dict:
             "refusing to overwrite " + ", ".join(clashes)
             + ". Fix: unset them, or call export(overwrite=True)."
         )
-    written = {}
+    written: "dict[str, str]" = {}
     for name, value in values.items():
         if value is not None and target.get(name) != str(value):
             target[name] = str(value)

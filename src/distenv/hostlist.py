@@ -39,6 +39,10 @@ from __future__ import annotations
 
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from typing import Any
+
 __all__ = ["MAX_HOSTS", "MAX_CHARS", "expand_hostlist", "expand_tasks_per_node"]
 
 #: A host list expanding to more hosts than this is refused as garbage.
@@ -84,10 +88,10 @@ def _empty_item(number: int) -> str:
 
 # --- number tables: 0..999 as strings, built on first use -----------------------
 
-_TABLES: list = []  # [str(i).zfill(w) for i in 0..999] for w = 1, 2, 3
+_TABLES: "list[list[str]]" = []  # [str(i).zfill(w) for i in 0..999] for w = 1, 2, 3
 
 
-def _tables() -> list:
+def _tables() -> "list[list[str]]":
     if not _TABLES:
         d = "0123456789"
         t2 = [a + b for a in d for b in d]  # "00".."99"
@@ -131,7 +135,7 @@ def _digits(s: str) -> bool:
     return s.isdigit() and s.isascii()
 
 
-def _parse_group(content: str, item: str):
+def _parse_group(content: str, item: str) -> "tuple[list[Any], int, int]":
     """Parse what is between brackets: ``01-04,07``.
 
     Returns (ranges, count, widest): ranges holds a str for a single number
@@ -150,7 +154,7 @@ def _parse_group(content: str, item: str):
         if not widest or "" in pieces:
             raise _Bad(_group_problem(pieces, content, item))
         return pieces, len(pieces), widest
-    ranges = []
+    ranges: "list[Any]" = []  # str (one number) or (lo, hi, width)
     count = 0
     for r in pieces:
         lo_s, dash, hi_s = r.partition("-")
@@ -171,7 +175,7 @@ def _parse_group(content: str, item: str):
     return ranges, count, widest
 
 
-def _group_problem(pieces: list, content: str, item: str) -> str:
+def _group_problem(pieces: "list[str]", content: str, item: str) -> str:
     """Say what is wrong with the first bad piece of a bracket group."""
     where = f"{_show('[' + content + ']', 60)} (in {_show(item, 60)})"
     if not content:
@@ -187,7 +191,7 @@ def _group_problem(pieces: list, content: str, item: str) -> str:
     return f"malformed brackets {where}"  # not reached
 
 
-def _group_block(prefix: str, ranges: list) -> str:
+def _group_block(prefix: str, ranges: "list[Any]") -> str:
     """Comma-joined host names: prefix followed by each number of one group."""
     tabs = _TABLES or _tables()
     sep = "," + prefix
@@ -210,7 +214,7 @@ def _group_block(prefix: str, ranges: list) -> str:
     return blocks[0] if len(blocks) == 1 else ",".join(blocks)
 
 
-def _expand_item(parts: list, out: list) -> None:
+def _expand_item(parts: "list[Any]", out: "list[str]") -> None:
     """Expand a name with two or more bracket groups; `parts` = [lit0, group0, lit1, ...].
 
     Appends comma-joined blocks of names to `out`.
@@ -237,7 +241,7 @@ def _split_spaces(text: str) -> str:
     """
     for ch in _SPACES[1:]:
         text = text.replace(ch, " ")
-    items = []
+    items: "list[str]" = []
     pos = start = 0
     n = len(text)
     while True:
@@ -310,7 +314,7 @@ def _expand(text: str) -> list[str]:
     chars = 0
     n = len(text)
     pos = start = item_start = 0
-    parts = []  # for the current item: literal, group, literal, group, ...
+    parts: "list[Any]" = []  # for the current item: literal, group, literal, group, ...
     nitem = 1
     while True:
         c = text.find(",", pos)

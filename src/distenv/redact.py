@@ -21,6 +21,12 @@ from __future__ import annotations
 
 import re
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
+    _Patterns = tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...]
+
 MASK = "<redacted>"
 
 #: Whole words (names split on "_") that make a variable secret.
@@ -62,10 +68,10 @@ def is_secret_name(name: str) -> bool:
     return False
 
 
-_PATTERNS = None
+_PATTERNS: "_Patterns | None" = None
 
 
-def _patterns():
+def _patterns() -> "_Patterns":
     global _PATTERNS
     if _PATTERNS is None:
         keys = "|".join(re.escape(k) for k in sorted(SECRET_KEYS, key=len, reverse=True))
@@ -97,10 +103,10 @@ def _patterns():
     return _PATTERNS
 
 
-_ASSIGN = None
+_ASSIGN: "re.Pattern[str] | None" = None
 
 
-def _assign():
+def _assign() -> "re.Pattern[str]":
     global _ASSIGN
     if _ASSIGN is None:
         # NAME=value, NAME='value', "name": "value", --name=value -- for any NAME
@@ -142,7 +148,7 @@ def scrub(text: str) -> str:
     return _assignments(text)
 
 
-def redact_value(name: str, value) -> str:
+def redact_value(name: str, value: object) -> "str | None":
     """The value to show for variable `name`: masked whole when the name is secret."""
     if value is None:
         return value
@@ -157,7 +163,8 @@ def redact_text(text: str) -> str:
     return scrub(text)
 
 
-def redact_environ(environ, names=None) -> dict:
+def redact_environ(environ: "Mapping[str, str]", names: "Iterable[str] | None" = None
+                   ) -> "dict[str, str | None]":
     """{name: shown value} for `names` (default: every variable) of a mapping."""
     keys = sorted(environ) if names is None else [n for n in names if n in environ]
     return {k: redact_value(k, environ[k]) for k in keys}
