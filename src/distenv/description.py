@@ -6,6 +6,7 @@ from __future__ import annotations
 # would cost `import distenv` milliseconds.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
     from typing import Any
 
     from .checked import Checked
@@ -40,11 +41,12 @@ class Later:
 
     __slots__ = ("fn", "args")
 
-    def __init__(self, fn, args=()):
+    def __init__(self, fn: "Callable[..., tuple[Any, str | None]]", args: "tuple[Any, ...]" = ()
+                 ) -> None:
         self.fn, self.args = fn, args
 
 
-def _settle(values: dict, provenance: dict, name: str):
+def _settle(values: "dict[str, Any]", provenance: "dict[str, str]", name: str) -> Any:
     value = values[name]
     if value.__class__ is Later:
         value, why = value.fn(*value.args)
@@ -54,7 +56,7 @@ def _settle(values: dict, provenance: dict, name: str):
     return value
 
 
-def _settled(self) -> dict:
+def _settled(self: "DistEnv") -> "dict[str, Any]":
     values = self._values
     if values["rank_hosts"].__class__ is Later:
         _settle(values, self.provenance, "rank_hosts")
@@ -90,30 +92,33 @@ class DistEnv:
     hosts: "tuple[str, ...] | None"
     rank_hosts: "tuple[str, ...] | None"
     job_id: "str | None"
-    provenance: dict
-    notes: tuple
+    provenance: "dict[str, str]"
+    notes: "tuple[str, ...]"
+    _values: "dict[str, Any]"
 
-    def __init__(self, values: dict, provenance: "dict | None" = None, notes=()):
+    def __init__(self, values: "Mapping[str, Any]", provenance: "Mapping[str, str] | None" = None,
+                 notes: "Iterable[str]" = ()) -> None:
         _fill(self, values, dict(provenance or {}), notes)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("DistEnv is frozen; use resolve(**overrides) or .replace()")
 
-    __delattr__ = __setattr__
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("DistEnv is frozen; use resolve(**overrides) or .replace()")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, DistEnv):
             return NotImplemented
         return _settled(self) == _settled(other)
 
-    def __reduce__(self):
+    def __reduce__(self) -> "tuple[Any, ...]":
         # Frozen slots defeat pickle's default setattr path; rebuild through __init__.
         return (DistEnv, (self.to_dict(), self.provenance, self.notes))
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(tuple(map(_settled(self).get, FIELDS)))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in FIELDS
                           if f not in ("hosts", "rank_hosts"))
         return f"DistEnv({inner})"
@@ -132,7 +137,7 @@ class DistEnv:
             return self.node_rank == 0
         return self.rank == 0
 
-    def replace(self, **changes) -> "DistEnv":
+    def replace(self, **changes: Any) -> "DistEnv":
         """A copy with some fields changed (provenance says 'replaced')."""
         unknown = set(changes) - set(FIELDS)
         if unknown:
@@ -144,7 +149,7 @@ class DistEnv:
             why[name] = "replaced by the caller"
         return DistEnv(values, why, self.notes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> "dict[str, Any]":
         """The public JSON contract: exactly FIELDS, ``None`` where unknown."""
         out = dict(_settled(self))
         for name in ("hosts", "rank_hosts"):
@@ -155,7 +160,7 @@ class DistEnv:
     def explain(self) -> str:
         """One line per field: its value and where it came from."""
         width = max(len(f) for f in FIELDS)
-        lines = []
+        lines: "list[str]" = []
         for name in FIELDS:
             value = getattr(self, name)
             if name == "rank_hosts" and value is not None:
@@ -172,7 +177,8 @@ class DistEnv:
             lines.append(f"note: {note}")
         return "\n".join(lines)
 
-    def export(self, environ=None, overwrite: bool = False) -> dict:
+    def export(self, environ: "MutableMapping[str, str] | None" = None,
+               overwrite: bool = False) -> "dict[str, str]":
         """Write the canonical torch variables; see `distenv.export.export`."""
         from .export import export
 
@@ -195,9 +201,9 @@ class DistEnv:
         return require(self, names)
 
 
-def _runs(hosts) -> str:
+def _runs(hosts: "Sequence[str]") -> str:
     """rank_hosts shortened: consecutive ranks on one host as host*count, at most 4 runs."""
-    runs: list = []
+    runs: "list[list[Any]]" = []
     for host in hosts:
         if runs and runs[-1][0] == host:
             runs[-1][1] += 1
@@ -208,7 +214,7 @@ def _runs(hosts) -> str:
 
 
 def _field(name: str) -> property:
-    def get(self):
+    def get(self: DistEnv) -> Any:
         return self._values[name]
 
     get.__name__ = name
@@ -220,16 +226,16 @@ for _name in FIELDS:
 del _name
 
 
-def _rank_hosts(self):
+def _rank_hosts(self: DistEnv) -> Any:
     value = self._values["rank_hosts"]
     if value.__class__ is Later:
         value = _settle(self._values, self.provenance, "rank_hosts")
     return value
 
 
-DistEnv.rank_hosts = property(_rank_hosts, doc=(
+setattr(DistEnv, "rank_hosts", property(_rank_hosts, doc=(
     "The host of every global rank (index = rank) where the launch proves it, else None "
-    "(see distenv.placement)."))
+    "(see distenv.placement).")))
 
 _SET_VALUES = DistEnv.__dict__["_values"].__set__
 _SET_PROVENANCE = DistEnv.__dict__["provenance"].__set__
@@ -237,7 +243,8 @@ _SET_NOTES = DistEnv.__dict__["notes"].__set__
 _EMPTY = dict.fromkeys(FIELDS)
 
 
-def _fill(self, values: dict, provenance: dict, notes) -> None:
+def _fill(self: DistEnv, values: "Mapping[str, Any]", provenance: "dict[str, str]",
+          notes: "Iterable[str]") -> None:
     if values.keys() <= _EMPTY.keys():
         fields = _EMPTY.copy()
         fields.update(values)
@@ -254,7 +261,8 @@ def _fill(self, values: dict, provenance: dict, notes) -> None:
     _SET_NOTES(self, tuple(notes))
 
 
-def _build(values: dict, provenance: dict, notes) -> DistEnv:
+def _build(values: "Mapping[str, Any]", provenance: "dict[str, str]", notes: "Iterable[str]"
+           ) -> DistEnv:
     """A DistEnv owning `provenance` (not copied): for resolve(), which made it fresh."""
     self = object.__new__(DistEnv)
     _fill(self, values, provenance, notes)

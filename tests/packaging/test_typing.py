@@ -23,6 +23,7 @@ TYPED = (
     "__main__.py",
     "_autostart.py",
     "checked.py",
+    "description.py",
     "errors.py",
     "export.py",
     "gpus.py",
