@@ -21,6 +21,14 @@ from .errors import DistEnvError
 from .reading import MAX_COUNT, Reading, get_int, parse_int, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from typing import Any, NoReturn
+
+    from .reading import Env
+    from .sources import Source
+
 OVERRIDABLE = frozenset(FIELDS) - {"launch"}
 LOOPBACK = "127.0.0.1"
 
@@ -35,7 +43,7 @@ CANONICAL = (
 )
 
 
-def resolve(environ=None, **overrides) -> DistEnv:
+def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> DistEnv:
     """Describe this process's place in a distributed launch.
 
     `environ` is any mapping (default: ``os.environ``); it is only read. Keyword
@@ -45,7 +53,7 @@ def resolve(environ=None, **overrides) -> DistEnv:
     """
     env = os.environ if environ is None else environ
     if type(env) is not dict:
-        env = _MappingView(env)
+        env = _MappingView(env)  # type: ignore[assignment]  # reads like the Mapping it wraps
     if overrides:
         unknown = set(overrides) - OVERRIDABLE
         if unknown:
@@ -95,28 +103,28 @@ class _MappingView:
 
     __slots__ = ("_env", "_keys")
 
-    def __init__(self, env):
+    def __init__(self, env: "Mapping[str, str]") -> None:
         self._env = env
         self._keys = set(env)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> str:
         return self._env[key]
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: "str | None" = None) -> "str | None":
         return self._env[key] if key in self._keys else default
 
-    def __iter__(self):
+    def __iter__(self) -> "Iterator[str]":
         return iter(self._keys)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._keys)
 
 
 # -- 1. which launcher ------------------------------------------------------------------
-def _choose(env, forced):
+def _choose(env: "Env", forced: "str | None") -> "tuple[Source, str]":
     why_forced = f"launcher={forced!r} given to resolve()"
     if forced is None and env.get("DISTENV_LAUNCHER", "").strip():
         forced, why_forced = env["DISTENV_LAUNCHER"], f"DISTENV_LAUNCHER={env['DISTENV_LAUNCHER']}"
@@ -154,7 +162,7 @@ def _unforce(why_forced: str) -> str:
     return "drop launcher= from the resolve() call, or give it"
 
 
-def _platform(env, r, source, forced):
+def _platform(env: "Env", r: Reading, source: "Source", forced: "str | None") -> None:
     if forced is not None:
         r.set("platform", forced, "given to resolve()")
         return
@@ -175,7 +183,7 @@ def _platform(env, r, source, forced):
 
 
 # -- 4. per-node launches ----------------------------------------------------------------
-def _nproc_value(raw: str, name: str, env):
+def _nproc_value(raw: str, name: str, env: "Env") -> "tuple[int, str]":
     """A processes-per-node setting: a number, or torchrun's auto/gpu/cpu."""
     text = raw.strip().lower()
     if text in ("auto", "gpu", "cpu"):
@@ -207,7 +215,7 @@ def _no_gpu(why: str) -> str:
     return why if why.startswith("no GPU") else f"no GPU is visible ({why})"
 
 
-def _wanted(env, override):
+def _wanted(env: "Env", override: "int | str | None") -> "tuple[int, str] | tuple[None, None]":
     if override is not None:
         return int(override), "given to resolve()"
     raw = env.get("DISTENV_NPROC_PER_NODE")
@@ -216,7 +224,7 @@ def _wanted(env, override):
     return None, None
 
 
-def _per_node(env, r, source, override):
+def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | None") -> None:
     want, want_why = _wanted(env, override)
     if r.launch == PER_PROCESS and source.can_be_per_node:
         local, nodes, size = r.get("local_world_size"), r.get("num_nodes"), r.get("world_size")
@@ -247,7 +255,7 @@ def _per_node(env, r, source, override):
         return
 
     if want is not None:
-        nproc, why = want, want_why
+        nproc, why = want, str(want_why)  # a str whenever want is set
     elif r.nproc_source is not None:
         raw, raw_why = r.nproc_source
         nproc, why = _nproc_value(raw, raw_why.split("=", 1)[0], env)
@@ -272,7 +280,7 @@ def _per_node(env, r, source, override):
             r.set("world_size", nodes * nproc, f"num_nodes x nproc_per_node = {nodes} x {nproc}")
 
 
-def _contradicts_want(want_why, source, local, r):
+def _contradicts_want(want_why: "str | None", source: "Source", local: int, r: Reading) -> "NoReturn":
     raise DistEnvError(
         f"{want_why} but {source.title} started {local} process(es) on this node "
         f"({r.why.get('local_world_size')}). Fix: make them agree or unset "
@@ -280,7 +288,7 @@ def _contradicts_want(want_why, source, local, r):
     )
 
 
-def _platform_source(r):
+def _platform_source(r: Reading) -> "Source | None":
     name = r.values.get("platform")
     if name is None:
         return None
@@ -291,7 +299,7 @@ def _platform_source(r):
 
 
 # -- 5. what follows for certain ---------------------------------------------------------
-def _derive(r):
+def _derive(r: Reading) -> None:
     v = r.values
     size, local, nodes = v.get("world_size"), v.get("local_world_size"), v.get("num_nodes")
     if nodes is None and size is not None and size == local:
@@ -308,7 +316,7 @@ def _derive(r):
         default("nproc_per_node", v.get("local_world_size"), "one node")
 
 
-def _master(env, r, source, overrides):
+def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]") -> None:
     v = r.values
     owns = source.owns
     if "master_addr" not in overrides and env.get("MASTER_ADDR") and "MASTER_ADDR" not in owns:
@@ -338,7 +346,7 @@ def _master(env, r, source, overrides):
 
 
 # -- 7. checks ---------------------------------------------------------------------------
-def _check_canonical(env, r, source, overrides):
+def _check_canonical(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]") -> None:
     for var, field in CANONICAL:
         if var in source.owns or field in overrides or var not in env:
             continue
@@ -362,11 +370,11 @@ _ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True)
           ("num_nodes", "world_size", False))
 
 
-def _bad(text):
+def _bad(text: str) -> "NoReturn":
     raise DistEnvError(text + " Fix: correct the launcher's variables or the override.")
 
 
-def _check_invariants(r):
+def _check_invariants(r: Reading) -> None:
     v, why = r.values, r.why
     get = v.get
     for field, least in _LEAST:
@@ -393,7 +401,7 @@ def _check_invariants(r):
         _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
 
 
-def _is_host(addr) -> bool:
+def _is_host(addr: str) -> bool:
     """A host name, IPv4 or IPv6 address: no URL, no user@, no port, no space."""
     if type(addr) is not str or not addr or not addr.isprintable() or len(addr) > 255:
         return False

@@ -31,6 +31,7 @@ TYPED = (
     "ports.py",
     "reading.py",
     "redact.py",
+    "resolver.py",
     "sources/__init__.py",
     "sources/_common.py",
     "sources/azureml.py",
