@@ -34,6 +34,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 #: Seconds the exit handler waits at most for torch's worker threads to go idle.
 QUIESCE_LIMIT = 10.0
 #: Thread names (prefixes) of torch workers that may free Python objects.
@@ -94,9 +98,9 @@ def _workers() -> "list[str] | None":
     return found
 
 
-def _snapshot(tids) -> dict:
+def _snapshot(tids: "Iterable[str]") -> "dict[str, tuple[bytes, bytes, bytes]]":
     """{tid: (state, CPU time in ns, times scheduled)} of the threads still alive."""
-    out = {}
+    out: "dict[str, tuple[bytes, bytes, bytes]]" = {}
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/stat", "rb") as f:

@@ -12,6 +12,13 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing stays out of the command's start (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from .description import DistEnv
+
 #: Longest value shown whole; longer ones keep their first `KEEP` characters.
 MAX_VALUE = 200
 KEEP = 120
@@ -20,7 +27,7 @@ KEEP = 120
 PER_NODE = "per-node"
 
 
-def shorten(value):
+def shorten(value: Any) -> Any:
     """`value` unchanged if short (or not text), else its start and its length."""
     if isinstance(value, str) and len(value) > MAX_VALUE:
         return f"{value[:KEEP]}... ({len(value)} chars)"
@@ -29,7 +36,7 @@ def shorten(value):
     return value
 
 
-def hosts_text(hosts) -> str:
+def hosts_text(hosts: "Iterable[str]") -> str:
     """A host list, its first four and the count when longer than eight."""
     hosts = [shorten(h) for h in hosts]
     if len(hosts) <= 8:
@@ -37,7 +44,7 @@ def hosts_text(hosts) -> str:
     return f"{','.join(hosts[:4])},... ({len(hosts)} hosts)"
 
 
-def rank_label(env) -> str:
+def rank_label(env: "DistEnv | None") -> str:
     """``rank 3`` (``node 1`` for the process of a per-node launch); the host and process
     id when the description has neither (an unknown rank is never guessed)."""
     from .description import PER_NODE as LAUNCH_PER_NODE
@@ -49,7 +56,7 @@ def rank_label(env) -> str:
     return f"{os.uname().nodename} pid {os.getpid()}"
 
 
-def parse_ranks(spec: str):
+def parse_ranks(spec: str) -> "frozenset[int] | str | None":
     """``all`` -> None; ``per-node``; ``0``, ``0,2``, ``0-3,8`` -> a frozenset of ranks.
     Raises ValueError with the accepted forms."""
     text = spec.strip().lower()
@@ -57,7 +64,7 @@ def parse_ranks(spec: str):
         return None
     if text in (PER_NODE, "node", "nodes"):
         return PER_NODE
-    ranks = set()
+    ranks: "set[int]" = set()
     try:
         for part in text.split(","):
             lo, dash, hi = part.strip().partition("-")
@@ -72,7 +79,7 @@ def parse_ranks(spec: str):
     return frozenset(ranks)
 
 
-def chosen(env, ranks) -> bool:
+def chosen(env: "DistEnv | None", ranks: "frozenset[int] | str | None") -> bool:
     """Does this process print under `ranks` (from `parse_ranks`)? A process whose place
     is unknown prints (never hidden on a guess). In a per-node launch the numbers are node
     ranks: its processes are the nodes."""

@@ -21,15 +21,21 @@ from . import ports
 from .errors import DistEnvError
 from .reading import parse_int
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from .description import DistEnv
+
 #: Seconds a rendezvous waits for every rank unless DISTENV_TIMEOUT says otherwise.
 DEFAULT_TIMEOUT = 180.0
 
 
-def _environ(environ):
+def _environ(environ: "Mapping[str, str] | None") -> "Mapping[str, str]":
     return os.environ if environ is None else environ
 
 
-def timeout(environ=None, given=None) -> float:
+def timeout(environ: "Mapping[str, str] | None" = None, given: "float | str | None" = None) -> float:
     """Seconds to wait: `given` when not None, else DISTENV_TIMEOUT, else 180.
 
     A DISTENV_TIMEOUT that is not a positive number is an error naming the variable."""
@@ -50,7 +56,8 @@ def timeout(environ=None, given=None) -> float:
     return seconds
 
 
-def side_port(env, purpose: str, environ=None, var: "str | None" = None, given=None,
+def side_port(env: "DistEnv", purpose: str, environ: "Mapping[str, str] | None" = None,
+              var: "str | None" = None, given: "int | str | None" = None,
               width: int = 1, addr: "str | None" = None) -> int:
     """The first of `width` ports for `purpose` ("tf", "horovod", "keras", ...).
 
@@ -63,11 +70,11 @@ def side_port(env, purpose: str, environ=None, var: "str | None" = None, given=N
         if raw:
             given = parse_int(raw, var, minimum=1)
     if given is not None:
-        given = int(given)
-        if given + width - 1 > 65535:
-            raise DistEnvError(f"{name}={given} + {width} port(s) passes 65535. Fix: choose a "
+        port = int(given)
+        if port + width - 1 > 65535:
+            raise DistEnvError(f"{name}={port} + {width} port(s) passes 65535. Fix: choose a "
                                f"port of at most {65536 - width}, or unset it (derived from the job).")
-        return given
+        return port
     host = env.master_addr if addr is None else addr
     base = ports.port_for(f"{purpose}:{env.launcher}:{env.job_id}:{host}:{env.master_port}")
     master = env.master_port
@@ -83,33 +90,34 @@ def _affinity(pid: int = 0) -> "set[int] | None":
         return None
 
 
-def core_share(local_world_size, mine=None, parent=None) -> "tuple[int, str]":
+def core_share(local_world_size: "int | None", mine: "Iterable[int] | None" = None,
+               parent: "Iterable[int] | None" = None) -> "tuple[int, str]":
     """(cores this process may use, why).
 
     `mine`/`parent`: CPU sets of this process and of its parent (default: measured). When the
     launcher bound this process to fewer cores than its parent has (mpirun's default binding,
     srun --cpu-bind), those cores are its own; otherwise the node's `local_world_size`
     processes share them."""
-    mine = _affinity() if mine is None else set(mine)
-    if not mine:
-        mine = set(range(os.cpu_count() or 1))
-    parent = _affinity(os.getppid()) if parent is None else set(parent)
+    cores = _affinity() if mine is None else set(mine)
+    if not cores:
+        cores = set(range(os.cpu_count() or 1))
+    theirs = _affinity(os.getppid()) if parent is None else set(parent)
     nlocal = local_world_size or 1
-    if parent and mine < parent:
-        return len(mine), f"{len(mine)} core(s) bound to this process by the launcher"
-    return max(1, len(mine) // nlocal), f"{len(mine)} core(s) shared by {nlocal} local process(es)"
+    if theirs and cores < theirs:
+        return len(cores), f"{len(cores)} core(s) bound to this process by the launcher"
+    return max(1, len(cores) // nlocal), f"{len(cores)} core(s) shared by {nlocal} local process(es)"
 
 
-def hostfile(environ=None) -> "str | None":
+def hostfile(environ: "Mapping[str, str] | None" = None) -> "str | None":
     """DISTENV_HOSTFILE: a file naming every rank's host (see `distenv.placement`)."""
     return _environ(environ).get("DISTENV_HOSTFILE") or None
 
 
-def gather(environ=None) -> "str | None":
+def gather(environ: "Mapping[str, str] | None" = None) -> "str | None":
     """DISTENV_GATHER: how to ask the other ranks for their hosts (only 'mpi4py')."""
     return _environ(environ).get("DISTENV_GATHER", "").strip().lower() or None
 
 
-def truthy(value) -> bool:
+def truthy(value: object) -> bool:
     """A yes/no knob's value: 1, true, yes, on."""
     return str(value).strip().lower() in ("1", "true", "yes", "on")

@@ -30,29 +30,37 @@ import sys
 ROOT = "distenv"
 LEVEL_VAR = "DISTENV_LOG_LEVEL"
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from typing import TextIO
 
-class _Fallback(logging.StreamHandler):
+    _Handler = logging.StreamHandler[TextIO]  # generic for type checkers only (Python < 3.11)
+else:
+    _Handler = logging.StreamHandler
+
+
+class _Fallback(_Handler):
     """The handler distenv adds when the application has none (see the module doc)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
-    def stream(self):
+    @property
+    def stream(self) -> "TextIO":
         return sys.stderr
 
     @stream.setter
-    def stream(self, value):  # StreamHandler.__init__ sets it; the current stderr wins
+    def stream(self, value: "TextIO") -> None:  # StreamHandler.__init__ sets it; the current stderr wins
         pass
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         if logging.getLogger().handlers:
             return  # the application configured logging: the record reaches its handlers
         super().emit(record)
 
 
 class _Format(logging.Formatter):
-    def format(self, record):
+    def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         return f"{record.name}: {record.levelname.lower()}: {text}"
 

@@ -7,12 +7,16 @@ from ..description import PER_NODE, DistEnv
 from ..errors import DistEnvError
 from .cluster import _environ
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 #: Set beside CUDA_VISIBLE_DEVICES when distenv narrowed it: a second look (patch() then
 #: strategy(), or strategy() twice) must not narrow the slice again.
 GPU_SLICE_VAR = "DISTENV_GPU_SLICE"
 
 
-def gpu_assignment(d: DistEnv, environ=None) -> "tuple[str | None, str]":
+def gpu_assignment(d: DistEnv, environ: "Mapping[str, str] | None" = None) -> "tuple[str | None, str]":
     """(CUDA_VISIBLE_DEVICES for this process or None to leave it, why)."""
     from ..gpus import visible_gpus
 
