@@ -26,11 +26,17 @@ import os
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+    from typing import Any
+
 #: The variables whose presence makes deepspeed.init_distributed skip its discovery.
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 
 
-def prepare(environ=None, *, overwrite: bool = False, **overrides) -> DistEnv:
+def prepare(environ: "MutableMapping[str, str] | None" = None, *, overwrite: bool = False,
+            **overrides: Any) -> DistEnv:
     """Resolve the launch and export RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK
     (and LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK) into `environ` (default ``os.environ``).
 
@@ -63,8 +69,9 @@ def prepare(environ=None, *, overwrite: bool = False, **overrides) -> DistEnv:
     return env
 
 
-def init_distributed(dist_backend=None, *, environ=None, overwrite: bool = False,
-                     overrides: "dict | None" = None, **kwargs) -> DistEnv:
+def init_distributed(dist_backend: "str | None" = None, *,
+                     environ: "MutableMapping[str, str] | None" = None, overwrite: bool = False,
+                     overrides: "dict[str, Any] | None" = None, **kwargs: Any) -> DistEnv:
     """`deepspeed.init_distributed` that needs no mpi4py under any launcher.
 
     Resolves and exports as `prepare` does, then calls
@@ -88,7 +95,7 @@ _TBS, _MICRO, _GAS = ("train_batch_size", "train_micro_batch_size_per_gpu",
                       "gradient_accumulation_steps")
 
 
-def _value(config: dict, key: str):
+def _value(config: "dict[str, Any]", key: str) -> "int | None":
     value = config.get(key)
     if value is None or value == "auto":
         return None
@@ -98,8 +105,8 @@ def _value(config: dict, key: str):
     return value
 
 
-def check_batch_size(config, world_size: "int | None" = None, *,
-                     data_parallel_size: "int | None" = None) -> dict:
+def check_batch_size(config: "dict[str, Any] | str | os.PathLike[str]", world_size: "int | None" = None, *,
+                     data_parallel_size: "int | None" = None) -> "dict[str, int]":
     """Check ``train_batch_size == train_micro_batch_size_per_gpu *
     gradient_accumulation_steps * data-parallel size`` for a DeepSpeed config (a dict or
     the path of a JSON file), as DeepSpeed will, and say which number to change.
@@ -113,7 +120,9 @@ def check_batch_size(config, world_size: "int | None" = None, *,
     """
     if isinstance(config, (str, os.PathLike)):
         with open(config) as f:
-            config = json.load(f)
+            settings: "dict[str, Any]" = json.load(f)
+    else:
+        settings = config
     dp = data_parallel_size if data_parallel_size is not None else world_size
     if dp is None:
         from .resolver import resolve
@@ -125,7 +134,7 @@ def check_batch_size(config, world_size: "int | None" = None, *,
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
         raise DistEnvError(f"check_batch_size: data-parallel size {dp!r} is not a positive integer. "
                            "Fix: pass world_size= (or data_parallel_size=) as a number >= 1.")
-    tbs, micro, gas = _value(config, _TBS), _value(config, _MICRO), _value(config, _GAS)
+    tbs, micro, gas = _value(settings, _TBS), _value(settings, _MICRO), _value(settings, _GAS)
     where = f"with {dp} data-parallel process{'es' if dp != 1 else ''}"
 
     if tbs is not None and micro is not None and gas is not None:

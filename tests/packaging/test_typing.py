@@ -24,6 +24,7 @@ TYPED = (
     "_autostart.py",
     "_teardown.py",
     "checked.py",
+    "deepspeed.py",
     "description.py",
     "display.py",
     "errors.py",
