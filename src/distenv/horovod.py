@@ -34,13 +34,19 @@ from . import knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
 DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
 #: Launchers whose ranks Horovod's MPI controller joins (Horovod is usually built with Open MPI).
 MPI_LAUNCHERS = ("openmpi",)
-_server = {}
+_server: "dict[str, Any]" = {}
 
 
-def _inputs(env, environ):
+def _inputs(env: "DistEnv | Mapping[str, str] | None", environ: "Mapping[str, str] | None"
+            ) -> "tuple[DistEnv, Mapping[str, str]]":
     if env is not None and not isinstance(env, DistEnv):
         environ, env = env, None
     src = os.environ if environ is None else environ
@@ -51,16 +57,18 @@ def _inputs(env, environ):
     return env, src
 
 
-def _timeout(timeout, src) -> float:
+def _timeout(timeout: "float | None", src: "Mapping[str, str]") -> float:
     return knobs.timeout(src, timeout)
 
 
-def rendezvous_port(d: DistEnv, src=None) -> int:
+def rendezvous_port(d: DistEnv, src: "Mapping[str, str] | None" = None) -> int:
     """The self-rendezvous server's port: DISTENV_HOROVOD_PORT, else derived from the job."""
     return knobs.side_port(d, "horovod", src, "DISTENV_HOROVOD_PORT")
 
 
-def plan(env=None, *, environ=None, controller: "str | None" = None) -> dict:
+def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
+         environ: "Mapping[str, str] | None" = None, controller: "str | None" = None
+         ) -> "dict[str, Any]":
     """What `init()` will do, without Horovod: ``{"controller": "horovodrun"|"mpi"|"gloo"|
     "single", "environ": {HOROVOD_*: value}, "server": bool, "address": (host, port) | None}``.
     """
@@ -97,6 +105,7 @@ def plan(env=None, *, environ=None, controller: "str | None" = None) -> dict:
             "not reveal here. Fix: export MASTER_ADDR (rank 0's host) and NODE_RANK to every rank, "
             "or run under mpirun (DISTENV_HOROVOD_CONTROLLER=mpi) or horovodrun."
         )
+    assert nodes is not None and node is not None  # nothing was missing
     if nodes > 1 and (d.nproc_per_node is None or d.nproc_per_node * nodes != d.world_size):
         raise DistEnvError(
             f"Horovod's Gloo self-rendezvous needs the same number of workers on every node, but "
@@ -118,7 +127,7 @@ def plan(env=None, *, environ=None, controller: "str | None" = None) -> dict:
             "server": d.rank == 0, "address": (d.master_addr, port)}
 
 
-def _start_server(port: int, d: DistEnv):
+def _start_server(port: int, d: DistEnv) -> Any:
     """Rank 0: Horovod's own Gloo rendezvous HTTP server, in a daemon thread."""
     import threading
 
@@ -133,7 +142,7 @@ def _start_server(port: int, d: DistEnv):
         ) from None
 
     class Slot:  # what RendezvousHTTPServer.init reads from horovod's SlotInfo
-        def __init__(self, local_rank):
+        def __init__(self, local_rank: int) -> None:
             self.size, self.local_size, self.cross_size = d.world_size, d.local_world_size, d.num_nodes
             self.local_rank = local_rank
             self.hostname = ""
@@ -168,7 +177,7 @@ def _share_of_cores(d: DistEnv) -> int:
     return knobs.core_share(d.local_world_size)[0]
 
 
-def _framework(framework):
+def _framework(framework: "str | None") -> "tuple[str, Any]":
     if framework is None:
         if "horovod.tensorflow" in sys.modules and "horovod.torch" not in sys.modules:
             framework = "tensorflow"
@@ -196,8 +205,9 @@ def _pin_tensorflow(local_rank: int) -> None:
         tf.config.set_visible_devices(mine, "GPU")
 
 
-def init(framework: "str | None" = None, *, env=None, controller: "str | None" = None,
-         timeout: "float | None" = None, threads: bool = True):
+def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | None" = None,
+         controller: "str | None" = None, timeout: "float | None" = None, threads: bool = True
+         ) -> Any:
     """Initialise Horovod for this launch and return the Horovod module (``hvd``).
 
     `framework`: "torch" (default), "tensorflow" or "keras" (which horovod module). See the
@@ -241,7 +251,7 @@ def init(framework: "str | None" = None, *, env=None, controller: "str | None" =
     return hvd
 
 
-def check(hvd, d: DistEnv, controller: str = "?") -> None:
+def check(hvd: Any, d: DistEnv, controller: str = "?") -> None:
     """Raise `DistEnvError` unless Horovod's size and rank are the launch's."""
     size, rank = hvd.size(), hvd.rank()
     if d.world_size is not None and size != d.world_size or d.rank is not None and rank != d.rank:

@@ -30,6 +30,7 @@ TYPED = (
     "errors.py",
     "export.py",
     "gpus.py",
+    "horovod.py",
     "hostlist.py",
     "knobs.py",
     "log.py",
