@@ -22,6 +22,15 @@ import sys
 
 from .description import PER_NODE
 
+TYPE_CHECKING = False  # typing stays out of interpreter start (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+    from .description import DistEnv
+
 #: top-level module -> (adapter module, function) called right after that module is imported.
 #: One adapter function runs once, whichever of its frameworks comes first.
 HOOKS = {
@@ -44,20 +53,21 @@ HOOKS = {
 EACH_IMPORT = {"distenv.lightning:patch"}
 
 #: The resolved launch (None until `activate`, and when not distributed).
-env = None
+env: "DistEnv | None" = None
 #: Variables `activate` wrote into os.environ: {name: previous value or None}.
-exported: dict = {}
+exported: "dict[str, str | None]" = {}
 #: Adapter functions already applied, as "module:function".
-applied: list = []
+applied: "list[str]" = []
 #: "module:function" -> why it could not be applied (adapter missing).
-skipped: dict = {}
+skipped: "dict[str, str]" = {}
 
-_finder = None
-_pending: list = []
+_finder: "_Finder | None" = None
+_pending: "list[str]" = []
 _depth = 0
 
 
-def activate(environ=None, reason: str = "import distenv.auto"):
+def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "import distenv.auto"
+             ) -> "DistEnv | None":
     """Resolve, export and install the hooks; returns the DistEnv, or None when the launch
     is not distributed (then nothing is changed). Idempotent."""
     global env
@@ -65,7 +75,7 @@ def activate(environ=None, reason: str = "import distenv.auto"):
         return env
     from .resolver import resolve
 
-    target = os.environ if environ is None else environ
+    target: "MutableMapping[str, str]" = os.environ if environ is None else environ
     found = resolve(target)
     if not found.is_distributed:
         return None
@@ -115,10 +125,10 @@ def install() -> None:
         _run_pending()
 
 
-def deactivate(environ=None) -> None:
+def deactivate(environ: "MutableMapping[str, str] | None" = None) -> None:
     """Undo `activate`: remove the hook and restore the variables it exported."""
     global _finder, env
-    target = os.environ if environ is None else environ
+    target: "MutableMapping[str, str]" = os.environ if environ is None else environ
     if _finder is not None:
         try:
             sys.meta_path.remove(_finder)
@@ -168,10 +178,11 @@ class _Finder:
     """Finds nothing itself: for a hooked top-level module, asks the finders after it and
     wraps the loader of the spec they return."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: "Sequence[str] | None" = None,
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name not in HOOKS:
             return None
-        spec = None
+        spec: "ModuleSpec | None" = None
         for finder in sys.meta_path:
             if finder is self:
                 continue
@@ -183,10 +194,10 @@ class _Finder:
                 break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _Loader(spec.loader, name)
+        spec.loader = _Loader(spec.loader, name)  # type: ignore[assignment]  # a Loader by duck typing (importlib.abc costs start-up time)
         return spec
 
-    def invalidate_caches(self):
+    def invalidate_caches(self) -> None:
         pass
 
 
@@ -195,18 +206,18 @@ class _Loader:
     the outermost hooked import is complete (so a framework importing another hooked one,
     transformers -> accelerate, is patched when both are whole)."""
 
-    def __init__(self, loader, name):
+    def __init__(self, loader: Any, name: str) -> None:
         self.loader = loader
         self.name = name
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         return getattr(self.loader, attr)
 
-    def create_module(self, spec):
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
         create = getattr(self.loader, "create_module", None)
         return None if create is None else create(spec)
 
-    def exec_module(self, module):
+    def exec_module(self, module: "ModuleType") -> None:
         global _depth
         # The module's own code, and everything after, sees its real loader.
         module.__loader__ = self.loader

@@ -23,6 +23,7 @@ TYPED = (
     "__main__.py",
     "_autostart.py",
     "_teardown.py",
+    "auto.py",
     "checked.py",
     "deepspeed.py",
     "description.py",
