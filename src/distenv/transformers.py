@@ -33,6 +33,10 @@ from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 from .log import get_logger
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from typing import Any
+
 log = get_logger(__name__)  # distenv.log: a stderr handler only when the application has none
 
 #: What `patch()` resolved (None before the first call).
@@ -40,7 +44,7 @@ _env: "DistEnv | None" = None
 _ARGV_FORMS = ("--local_rank", "--local-rank")
 
 
-def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrides) -> DistEnv:
+def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrides: Any) -> DistEnv:
     """Make Transformers and Accelerate see the resolved launch before their state is built.
 
     1. ``distenv.resolve(**overrides)``; a per-node launch (workers not started yet) is a
@@ -148,7 +152,7 @@ def fix_local_rank_argv(env: DistEnv, argv: "list[str]") -> "list[str]":
 
 
 # -- Accelerate's state ------------------------------------------------------------------
-def _accelerate_partial_state():
+def _accelerate_partial_state() -> Any:
     try:
         from accelerate.state import PartialState
     except ImportError:
@@ -160,7 +164,7 @@ class _Probe:
     """Stand-in `self` for PartialState._prepare_backend (it reads no state)."""
 
 
-def _needs_cpu(state_cls, backend=None) -> bool:
+def _needs_cpu(state_cls: Any, backend: "str | None" = None) -> bool:
     """True when Accelerate, given LOCAL_RANK, would find no accelerator to be distributed
     on, and so would build an undistributed state unless told ``cpu=True``."""
     from accelerate.utils import DistributedType
@@ -173,19 +177,19 @@ def _needs_cpu(state_cls, backend=None) -> bool:
     except Exception:  # an Accelerate whose helper moved: ask torch
         import torch
 
-        return not torch.cuda.is_available()
+        return not bool(torch.cuda.is_available())
     finally:
         if saved is None:
             os.environ.pop("LOCAL_RANK", None)
-    return kind == DistributedType.NO
+    return bool(kind == DistributedType.NO)
 
 
-def _hook(state_cls) -> None:
+def _hook(state_cls: Any) -> None:
     if getattr(state_cls.__init__, "_distenv", False):
         return
     original = state_cls.__init__
 
-    def __init__(self, cpu: bool = False, **kwargs):
+    def __init__(self: Any, cpu: bool = False, **kwargs: Any) -> None:
         env = _env
         fresh = not state_cls._shared_state
         if fresh and env is not None and env.is_distributed and not cpu \
@@ -197,8 +201,8 @@ def _hook(state_cls) -> None:
         if fresh and env is not None:
             check_state(self, env, when="was built")
 
-    __init__._distenv = True
-    __init__.__wrapped__ = original
+    __init__._distenv = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     __init__.__doc__ = original.__doc__
     state_cls.__init__ = __init__
 
@@ -212,7 +216,7 @@ def unpatch() -> None:
     _env = None
 
 
-def check_state(state, env: DistEnv, when: str = "") -> None:
+def check_state(state: Any, env: DistEnv, when: str = "") -> None:
     """Raise `DistEnvError` unless Accelerate's `state` describes the resolved launch."""
     if getattr(state, "backend", None) == "xla" or not env.is_distributed:
         return
@@ -234,7 +238,7 @@ def check_state(state, env: DistEnv, when: str = "") -> None:
 
 
 # -- a Trainer callback ------------------------------------------------------------------
-def describe(args=None) -> str:
+def describe(args: Any = None) -> str:
     """One line: the resolved launch and, given TrainingArguments, what the Trainer uses."""
     env = _env
     if env is None:
@@ -251,18 +255,18 @@ def describe(args=None) -> str:
     return text
 
 
-def _make_callback_class():
+def _make_callback_class() -> Any:
     from transformers import TrainerCallback
 
-    class DistEnvCallback(TrainerCallback):
+    class DistEnvCallback(TrainerCallback):  # type: ignore[misc]  # Transformers is Any here
         """Logs the resolved launch once, on the main process, when training begins
         (``print`` too when `stdout`), and checks the Trainer's world size against it."""
 
-        def __init__(self, stdout: bool = False):
+        def __init__(self, stdout: bool = False) -> None:
             self.stdout = stdout
             self.done = False
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             env = _env
             if env is not None and env.is_distributed and env.world_size is not None \
                     and args.world_size != env.world_size:
@@ -282,10 +286,10 @@ def _make_callback_class():
     return DistEnvCallback
 
 
-_classes: dict = {}
+_classes: "dict[str, Any]" = {}
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name == "DistEnvCallback":
         if name not in _classes:
             _classes[name] = _make_callback_class()
