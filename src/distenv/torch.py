@@ -37,6 +37,11 @@ from . import knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
 #: Seconds the rendezvous waits for every rank (override: DISTENV_TIMEOUT; see distenv.knobs).
 DEFAULT_RENDEZVOUS_TIMEOUT = knobs.DEFAULT_TIMEOUT
 
@@ -67,7 +72,8 @@ def per_node_message(env: DistEnv) -> str:
     )
 
 
-def choose_device(env: DistEnv, cuda_count: int, environ=None) -> "tuple[int | None, str]":
+def choose_device(env: DistEnv, cuda_count: int, environ: "Mapping[str, str] | None" = None
+                  ) -> "tuple[int | None, str]":
     """(CUDA device index for this process or None for CPU, why).
 
     `cuda_count` is what torch.cuda.device_count() sees, i.e. after CUDA_VISIBLE_DEVICES.
@@ -104,7 +110,9 @@ def choose_backend(requested: "str | None", device_index: "int | None", nccl: bo
     return "nccl" if device_index is not None and nccl else "gloo"
 
 
-def choose_threads(env: DistEnv, environ=None, mine=None, parent=None) -> "tuple[int | None, str]":
+def choose_threads(env: DistEnv, environ: "Mapping[str, str] | None" = None,
+                   mine: "Iterable[int] | None" = None, parent: "Iterable[int] | None" = None
+                   ) -> "tuple[int | None, str]":
     """(threads per process or None to leave alone, why).
 
     `mine`/`parent`: CPU sets of this process and of its parent (default: measured). When
@@ -119,19 +127,21 @@ def choose_threads(env: DistEnv, environ=None, mine=None, parent=None) -> "tuple
     return knobs.core_share(env.local_world_size, mine, parent)
 
 
-def rendezvous_timeout(timeout: "datetime.timedelta | None", environ=None) -> datetime.timedelta:
+def rendezvous_timeout(timeout: "datetime.timedelta | None",
+                       environ: "Mapping[str, str] | None" = None) -> datetime.timedelta:
     limit = datetime.timedelta(seconds=knobs.timeout(environ))
     return min(limit, timeout) if timeout is not None else limit
 
 
-def _as_timedelta(timeout) -> "datetime.timedelta | None":
+def _as_timedelta(timeout: "datetime.timedelta | float | None") -> "datetime.timedelta | None":
     if timeout is None or isinstance(timeout, datetime.timedelta):
         return timeout
     return datetime.timedelta(seconds=float(timeout))
 
 
 # -- the call ---------------------------------------------------------------------------------
-def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> DistEnv:
+def init_process_group(backend: "str | None" = None,
+                       timeout: "datetime.timedelta | float | None" = None, **kwargs: Any) -> DistEnv:
     """Start the default process group for this launch and return its `DistEnv`.
 
     `backend`: None chooses NCCL when this process has a CUDA device, else gloo.
@@ -192,7 +202,7 @@ def init_process_group(backend: "str | None" = None, timeout=None, **kwargs) -> 
     return env
 
 
-def _listening(addr, port, wait, start) -> None:
+def _listening(addr: str, port: int, wait: datetime.timedelta, start: float) -> None:
     """Return once something accepts connections at addr:port; TimeoutError after `wait`.
 
     torch's TCPStore client, refused because the server is not listening yet, sleeps a
@@ -216,7 +226,8 @@ def _listening(addr, port, wait, start) -> None:
         pause = min(pause * 1.5, 0.05)
 
 
-def _connect(TCPStore, addr, port, size, host, wait, start):
+def _connect(TCPStore: Any, addr: str, port: int, size: int, host: bool, wait: datetime.timedelta,
+             start: float) -> Any:
     """The store, hosted or reached within `wait` of `start`. torch retries a client's connect
     once after a random delay, so one call can take about three times its timeout (measured
     with torch 2.13): a client tries in slices of a third of what is left until the time is up,
@@ -241,12 +252,13 @@ def _connect(TCPStore, addr, port, size, host, wait, start):
 PROGRESS_EVERY = 10.0
 
 
-def _wait_all(store, prefix: str, env: DistEnv, wait: datetime.timedelta, start: float) -> None:
+def _wait_all(store: Any, prefix: str, env: DistEnv, wait: datetime.timedelta, start: float) -> None:
     """Wait (at most `wait` since `start`) until every rank joined; rank 0 logs every
     PROGRESS_EVERY seconds how many did and which are missing (logger ``distenv.torch``)."""
     import time
 
     size = env.world_size
+    assert size is not None  # init_process_group exported it
     while True:
         left = wait.total_seconds() - (time.monotonic() - start)
         step = max(min(left, PROGRESS_EVERY), 1.0) if env.rank == 0 else max(left, 1.0)
@@ -272,7 +284,7 @@ def _wait_all(store, prefix: str, env: DistEnv, wait: datetime.timedelta, start:
 _generation = 0  # init_process_group calls in this process: keeps each rendezvous's keys apart
 
 
-def _rendezvous(env: DistEnv, wait: datetime.timedelta):
+def _rendezvous(env: DistEnv, wait: datetime.timedelta) -> Any:
     """The TCPStore every rank joins; rank 0 hosts it. Every rank then announces itself and
     waits for all the others, at most `wait` in all: a rank that never comes (dead, hung,
     never started) is named in the error on every rank that did come -- also under torchrun,
@@ -286,6 +298,7 @@ def _rendezvous(env: DistEnv, wait: datetime.timedelta):
     _generation += 1
     start = time.monotonic()
     addr, port, size = env.master_addr, env.master_port, env.world_size
+    assert addr is not None and port is not None and size is not None  # exported before
     where = f"{addr}:{port} ({env.provenance.get('master_addr', '')}; " \
             f"port: {env.provenance.get('master_port', '')})"
     seconds = int(wait.total_seconds())
@@ -340,7 +353,7 @@ def _rendezvous(env: DistEnv, wait: datetime.timedelta):
     return store
 
 
-def device():
+def device() -> Any:
     """The torch.device this process trains on (after init_process_group: its bound CUDA
     device, or the CPU); before it, the device init_process_group would choose."""
     import torch

@@ -39,6 +39,7 @@ TYPED = (
     "reading.py",
     "redact.py",
     "resolver.py",
+    "torch.py",
     "transformers.py",
     "sources/__init__.py",
     "sources/_common.py",
