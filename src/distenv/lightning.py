@@ -43,6 +43,11 @@ from .errors import DistEnvError
 # The hand-off to the workers Lightning starts is a source (read back by resolve() in them).
 from .sources.lightning_node import VARIABLE, hand_off
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
+    from typing import Any
+
 #: Set by a per-node process for the workers Lightning starts from it: its DistEnv as JSON.
 WORKER_VAR = VARIABLE
 
@@ -100,7 +105,7 @@ def settings(env: DistEnv) -> "tuple[int, int]":
     return local, nodes
 
 
-def trainer_kwargs(environ=None, **overrides) -> dict:
+def trainer_kwargs(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> "dict[str, Any]":
     """``{"devices": ..., "num_nodes": ...}`` matching the launch: pass them to the Trainer.
 
     A lone process (no launcher) gets ``devices=1``: to use several, start them with a
@@ -110,7 +115,7 @@ def trainer_kwargs(environ=None, **overrides) -> dict:
     return {"devices": devices, "num_nodes": nodes}
 
 
-def _resolve(environ, overrides) -> DistEnv:
+def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]") -> DistEnv:
     """The launch. A worker Lightning started from a per-node process is described by the
     ``lightning`` source (`distenv.sources.lightning_node`) from the node's hand-off."""
     env = resolve(environ, **overrides)
@@ -123,7 +128,7 @@ def _resolve(environ, overrides) -> DistEnv:
     return env
 
 
-def mismatch_message(env: DistEnv, num_devices, num_nodes) -> "str | None":
+def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":
     """Why Trainer(devices=num_devices, num_nodes=num_nodes) contradicts the launch, or None."""
     if env.launcher == "none" and env.launch == PER_PROCESS:
         if num_nodes == 1:
@@ -150,7 +155,7 @@ def mismatch_message(env: DistEnv, num_devices, num_nodes) -> "str | None":
 
 
 # -- registration with the Lightning packages -------------------------------------------------------
-_registered: set = set()
+_registered: "set[Any]" = set()
 
 
 def _register() -> None:
@@ -179,7 +184,7 @@ def _register() -> None:
         _guard_single_device(importlib.import_module(strategies).SingleDeviceStrategy)
 
 
-def _guard_single_device(cls) -> None:
+def _guard_single_device(cls: Any) -> None:
     """Lightning never consults a ClusterEnvironment for a single-device Trainer: with
     Trainer(devices=1) on a 2-process launch each process would train alone as rank 0.
     Wrap `setup_environment` so that a Trainer given a DistenvEnvironment validates it."""
@@ -187,7 +192,7 @@ def _guard_single_device(cls) -> None:
     if getattr(original, "_distenv_guard", False):
         return
 
-    def setup_environment(self, *args, **kwargs):
+    def setup_environment(self: Any, *args: Any, **kwargs: Any) -> Any:
         module = getattr(self, "_lightning_module", None)
         trainer = getattr(module, "_trainer", None)
         env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
@@ -195,8 +200,8 @@ def _guard_single_device(cls) -> None:
             env.validate_settings(num_devices=1, num_nodes=getattr(trainer, "num_nodes", 1))
         return original(self, *args, **kwargs)
 
-    setup_environment._distenv_guard = True
-    setup_environment.__wrapped__ = original
+    setup_environment._distenv_guard = True  # type: ignore[attr-defined]
+    setup_environment.__wrapped__ = original  # type: ignore[attr-defined]
     setup_environment.__doc__ = original.__doc__
     cls.setup_environment = setup_environment
 
@@ -248,7 +253,7 @@ def patch() -> "list[str]":
     return done
 
 
-def _launch_environment(connector) -> "DistenvEnvironment | None":
+def _launch_environment(connector: Any) -> "DistenvEnvironment | None":
     """The DistenvEnvironment this connector will use, or None (not distributed, or the
     user brought another ClusterEnvironment: theirs wins). Resolved once per connector."""
     flag = getattr(connector, "_cluster_environment_flag", None)
@@ -257,10 +262,11 @@ def _launch_environment(connector) -> "DistenvEnvironment | None":
     if "_distenv_environment" not in connector.__dict__:
         env = DistenvEnvironment()
         connector._distenv_environment = env if env.env.launcher != "none" else None
-    return connector._distenv_environment
+    found: "DistenvEnvironment | None" = connector._distenv_environment
+    return found
 
 
-def _launch_devices(env: DistEnv, devices, num_nodes) -> tuple:
+def _launch_devices(env: DistEnv, devices: Any, num_nodes: int) -> "tuple[Any, int]":
     """Trainer(devices=, num_nodes=) with the defaults filled from the launch."""
     if devices != "auto":
         return devices, num_nodes  # explicit: validate_settings checks it against the launch
@@ -268,19 +274,19 @@ def _launch_devices(env: DistEnv, devices, num_nodes) -> tuple:
     return launch_devices, (launch_nodes if num_nodes == 1 else num_nodes)
 
 
-def _patch_connector(cls) -> None:
+def _patch_connector(cls: Any) -> None:
     choose = cls._choose_and_init_cluster_environment
     if getattr(choose, "_distenv_patched", False):
         return
     check_devices = cls._check_device_config_and_set_final_flags
 
-    def _check_device_config_and_set_final_flags(self, devices, num_nodes):
+    def _check_device_config_and_set_final_flags(self: Any, devices: Any, num_nodes: int) -> Any:
         env = _launch_environment(self)
         if env is not None:
             devices, num_nodes = _launch_devices(env.env, devices, num_nodes)
         return check_devices(self, devices=devices, num_nodes=num_nodes)
 
-    def _choose_and_init_cluster_environment(self):
+    def _choose_and_init_cluster_environment(self: Any) -> Any:
         env = _launch_environment(self)
         if env is None:
             return choose(self)
@@ -289,8 +295,9 @@ def _patch_connector(cls) -> None:
         env.validate_settings(len(self._parallel_devices) or 1, self._num_nodes_flag)
         return env
 
-    for new, old in ((_check_device_config_and_set_final_flags, check_devices),
-                     (_choose_and_init_cluster_environment, choose)):
+    wrappers: "tuple[tuple[Any, Any], ...]" = ((_check_device_config_and_set_final_flags, check_devices),
+                                               (_choose_and_init_cluster_environment, choose))
+    for new, old in wrappers:
         new._distenv_patched = True
         new.__wrapped__ = old
         new.__doc__ = old.__doc__
@@ -320,8 +327,8 @@ class DistenvEnvironment:
     launch cannot be described, so a bad environment fails before any training starts.
     """
 
-    def __init__(self, environ=None, **overrides):
-        self._environ = os.environ if environ is None else environ
+    def __init__(self, environ: "MutableMapping[str, str] | None" = None, **overrides: Any) -> None:
+        self._environ: "MutableMapping[str, str]" = os.environ if environ is None else environ
         self._env = _resolve(environ, overrides)
         self._global_rank: "int | None" = None
         self._world_size: "int | None" = None
@@ -337,7 +344,7 @@ class DistenvEnvironment:
         # The Trainer's process group ends before Python does (see distenv._teardown).
         _teardown.register()
 
-    def __getstate__(self):
+    def __getstate__(self) -> "dict[str, Any]":
         # Picklable for spawn-based strategies: os.environ is the child's own there, and a
         # DistEnv (frozen, slotted) travels as its values.
         state = dict(self.__dict__)
@@ -347,11 +354,11 @@ class DistenvEnvironment:
         state["_env"] = (e.to_dict(), dict(e.provenance), tuple(e.notes))
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: "dict[str, Any]") -> None:
         values, why, notes = state.pop("_env")
         self.__dict__.update(state)
         self._env = DistEnv(values, why, notes)
-        if self._environ is None:
+        if self.__dict__.get("_environ") is None:  # pickled from os.environ: the child's own
             self._environ = os.environ
 
     # -- distenv's view --------------------------------------------------------------------------
@@ -360,7 +367,7 @@ class DistenvEnvironment:
         """The resolved launch this environment answers from."""
         return self._env
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         e = self._env
         return (f"DistenvEnvironment(launcher={e.launcher!r}, launch={e.launch!r}, "
                 f"rank={e.rank}, world_size={e.world_size}, node_rank={e.node_rank})")
@@ -386,7 +393,9 @@ class DistenvEnvironment:
 
     @property
     def main_port(self) -> int:
-        return int(self._env.master_port)
+        port = self._env.master_port
+        assert port is not None  # distenv always has one (derived, else 29500)
+        return int(port)
 
     @staticmethod
     def detect() -> bool:
@@ -413,7 +422,9 @@ class DistenvEnvironment:
         if self._global_rank is not None:
             return self._global_rank
         if not _spawns(self._env):
-            return self._env.rank
+            rank = self._env.rank
+            assert rank is not None  # __init__ refused a distributed launch without it
+            return rank
         nproc = self._env.nproc_per_node or 1
         return (self._env.node_rank or 0) * nproc + self.local_rank()
 

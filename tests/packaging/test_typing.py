@@ -34,6 +34,7 @@ TYPED = (
     "horovod.py",
     "hostlist.py",
     "knobs.py",
+    "lightning.py",
     "log.py",
     "ports.py",
     "reading.py",
