@@ -44,13 +44,21 @@ from __future__ import annotations
 from .description import Later
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from .description import DistEnv
+    from .reading import Env
+
 # -- SLURM ---------------------------------------------------------------------------------
 NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
 COUNT_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 _BLOCK = ("block", "", "(null)", "unknown")
 
 
-def slurm_distribution(raw) -> str:
+def slurm_distribution(raw: "str | None") -> str:
     """The node-level part of SLURM_DISTRIBUTION ("cyclic:block" -> "cyclic", "block,pack"
     -> "block", "*" -> "block"): the SLURM source's rule, one copy."""
     from .sources.slurm import distribution
@@ -58,7 +66,8 @@ def slurm_distribution(raw) -> str:
     return distribution(raw)
 
 
-def slurm_task_nodes(counts, dist: str = "block", plane=None) -> "list[int]":
+def slurm_task_nodes(counts: "Sequence[int]", dist: str = "block", plane: "str | int | None" = None
+                     ) -> "list[int]":
     """The node index of every task, in rank order, for SLURM's task distribution."""
     total = sum(counts)
     if dist in _BLOCK:
@@ -66,7 +75,7 @@ def slurm_task_nodes(counts, dist: str = "block", plane=None) -> "list[int]":
     if dist.startswith("plane"):
         size = plane if plane is not None else (dist.split("=", 1)[1] if "=" in dist else None)
         try:
-            step = int(size)
+            step = int(size)  # type: ignore[arg-type]  # None is the TypeError below
         except (TypeError, ValueError):
             raise DistEnvError("SLURM_DISTRIBUTION=plane without SLURM_DIST_PLANESIZE.") from None
         if step < 1:
@@ -88,7 +97,8 @@ def slurm_task_nodes(counts, dist: str = "block", plane=None) -> "list[int]":
     return out
 
 
-def slurm_rank_hosts(env, world_size=None, rank=None, node_rank=None) -> "list[str]":
+def slurm_rank_hosts(env: "Env", world_size: "int | None" = None, rank: "int | None" = None,
+                     node_rank: "int | None" = None) -> "list[str]":
     """The host of every SLURM task, in rank order, from the step's variables in `env`.
 
     Raises `DistEnvError` saying what is missing or contradictory."""
@@ -115,9 +125,9 @@ def slurm_rank_hosts(env, world_size=None, rank=None, node_rank=None) -> "list[s
     step_nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
     if var != "SLURM_STEP_NODELIST" and str(len(hosts)) != (step_nodes or "").strip():
         raise DistEnvError(f"no SLURM_STEP_NODELIST, and {var} is not the step's node list.")
-    nodeid = env.get("SLURM_NODEID")
+    nodeid = env.get("SLURM_NODEID") or ""
     gtids = env.get("SLURM_GTIDS")
-    doubt = layout_doubt(env, hosts, int(nodeid) if (nodeid or "").isdigit() else None, counts,
+    doubt = layout_doubt(env, hosts, int(nodeid) if nodeid.isdigit() else None, counts,
                          gtids.split(",") if gtids else None)
     if doubt is not None:
         raise DistEnvError(doubt[0] + ".")
@@ -177,7 +187,7 @@ def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list
     return hosts, counts
 
 
-def block(hosts, counts, size, why) -> "list[str]":
+def block(hosts: "Sequence[str]", counts: "Sequence[int]", size: "int | None", why: str) -> "list[str]":
     """Ranks fill `hosts` in order, counts[i] on hosts[i] (mpirun's default by-slot map)."""
     if sum(counts) != size:
         raise DistEnvError(f"{why} holds {sum(counts)} slot(s) but the launch has world_size={size}.")
@@ -187,7 +197,8 @@ def block(hosts, counts, size, why) -> "list[str]":
     return out
 
 
-def hostfile_rank_hosts(text: str, world_size, per_node=None, name: str = "host file") -> "list[str]":
+def hostfile_rank_hosts(text: str, world_size: "int | None", per_node: "int | None" = None,
+                        name: str = "host file") -> "list[str]":
     """The host of every rank from a host file's text: blocks in file order. Lines without
     a slot count take `per_node` each (the launch's processes per node)."""
     hosts, counts = parse_hostfile(text, name)
@@ -198,11 +209,11 @@ def hostfile_rank_hosts(text: str, world_size, per_node=None, name: str = "host 
                 f"has world_size={world_size}: give 'host:N' lines."
             )
         counts = [per_node] * len(hosts)
-    counts = [1 if c is None else c for c in counts]
-    return block(hosts, counts, world_size, name)
+    filled = [1 if c is None else c for c in counts]
+    return block(hosts, filled, world_size, name)
 
 
-def read_hostfile(env, path) -> "list[str]":
+def read_hostfile(env: "DistEnv", path: str) -> "list[str]":
     """I/O, called explicitly by adapters: the host of every rank of `env` (a DistEnv) from
     the host file at `path` (DISTENV_HOSTFILE)."""
     try:
@@ -214,33 +225,33 @@ def read_hostfile(env, path) -> "list[str]":
                                f"host file {path}")
 
 
-def with_rank_hosts(env, rank_hosts, why: str):
+def with_rank_hosts(env: "DistEnv", rank_hosts: "Sequence[str]", why: str) -> "DistEnv":
     """`env` (a DistEnv) with `rank_hosts` filled (what discovery or a host file found).
     A host list that contradicts the one the launcher revealed is an error."""
     known = env.rank_hosts
-    rank_hosts = tuple(rank_hosts)
-    if env.world_size is not None and len(rank_hosts) != env.world_size:
-        raise DistEnvError(f"{why} gives {len(rank_hosts)} host(s) but world_size={env.world_size} "
+    given = tuple(rank_hosts)
+    if env.world_size is not None and len(given) != env.world_size:
+        raise DistEnvError(f"{why} gives {len(given)} host(s) but world_size={env.world_size} "
                            f"({env.provenance.get('world_size')}).")
-    if known is not None and known != rank_hosts:
+    if known is not None and known != given:
         raise DistEnvError(f"{why} contradicts {env.provenance.get('rank_hosts')}: "
-                           f"{_short(rank_hosts)} vs {_short(known)}.")
+                           f"{_short(given)} vs {_short(known)}.")
     if known is not None:
         return env
     from .description import DistEnv, FIELDS
 
     values = {f: getattr(env, f) for f in FIELDS}
-    values["rank_hosts"] = rank_hosts
+    values["rank_hosts"] = given
     why_map = dict(env.provenance)
     why_map["rank_hosts"] = why
     return DistEnv(values, why_map, env.notes)
 
 
-def _short(hosts) -> str:
+def _short(hosts: "Sequence[str]") -> str:
     return ",".join(hosts[:4]) + (f",... ({len(hosts)})" if len(hosts) > 4 else "")
 
 
-def display_node_rank(env) -> int:
+def display_node_rank(env: "DistEnv") -> int:
     """A node number for display only, where a framework insists on one and the launch does
     not reveal it: ``rank // local_world_size``, which is the node index under block placement
     with the same count on every node (Open MPI's default by-slot map, SLURM's block) and may
@@ -254,7 +265,7 @@ def display_node_rank(env) -> int:
 
 
 # -- TensorFlow cluster descriptions (one copy: the sources' rules) -----------------------
-def tf_task_rank(config) -> "int | None":
+def tf_task_rank(config: "dict[str, Any]") -> "int | None":
     """A parsed TF_CONFIG task's global rank (chief first, then workers), None for a
     parameter server or evaluator."""
     from .sources.tfconfig import task_rank
@@ -262,21 +273,21 @@ def tf_task_rank(config) -> "int | None":
     return task_rank(config)
 
 
-def tf_workers(config) -> "list[str]":
+def tf_workers(config: "dict[str, Any]") -> "list[str]":
     """host:port of every training worker of a parsed TF_CONFIG, in rank order."""
     from .sources.tfconfig import workers
 
     return workers(config)
 
 
-def parse_tf_config(raw: str, name: str = "TF_CONFIG") -> dict:
+def parse_tf_config(raw: str, name: str = "TF_CONFIG") -> "dict[str, Any]":
     """A TF_CONFIG string parsed and checked (`DistEnvError` when malformed)."""
     from .sources.tfconfig import parse
 
     return parse(raw, name)
 
 
-def cluster_spec_tf_config(env) -> "dict | None":
+def cluster_spec_tf_config(env: "Env") -> "dict[str, Any] | None":
     """The TF_CONFIG equivalent of a Google Cloud CLUSTER_SPEC in `env`, or None."""
     from .sources.gcp import tf_config
 
@@ -284,7 +295,7 @@ def cluster_spec_tf_config(env) -> "dict | None":
 
 
 # -- what the resolver records -------------------------------------------------------------
-def record(env, values: dict, why: dict, launch_per_node: bool) -> None:
+def record(env: "Env", values: "dict[str, Any]", why: "dict[str, str]", launch_per_node: bool) -> None:
     """Set values["rank_hosts"] (a `Later`, or None) and its why, from the launch read so far.
 
     Cheap: captures the few strings a rule needs; the tuple is built on first access."""
@@ -321,18 +332,19 @@ def record(env, values: dict, why: dict, launch_per_node: bool) -> None:
                              "count per node in rank order; its first host is the master node)")
 
 
-def _repeat(hosts, per):
+def _repeat(hosts: "Sequence[str]", per: int) -> "tuple[tuple[str, ...], None]":
     return tuple(h for h in hosts for _ in range(per)), None
 
 
-def _slurm_later(captured, size, rank, node):
+def _slurm_later(captured: "Env", size: int, rank: "int | None", node: "int | None"
+                 ) -> "tuple[tuple[str, ...] | None, str | None]":
     try:
         return tuple(slurm_rank_hosts(captured, size, rank, node)), None
     except DistEnvError as exc:
         return None, f"unknown: {exc}"
 
 
-def _tf_later(raw):
+def _tf_later(raw: str) -> "tuple[tuple[str, ...], None]":
     from .sources.tfconfig import parse, workers
 
     return tuple(m.rsplit(":", 1)[0] for m in workers(parse(raw))), None

@@ -36,6 +36,7 @@ TYPED = (
     "knobs.py",
     "lightning.py",
     "log.py",
+    "placement.py",
     "ports.py",
     "reading.py",
     "redact.py",

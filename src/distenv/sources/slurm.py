@@ -56,6 +56,7 @@ from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
     from ..reading import Env, Reading
@@ -101,8 +102,8 @@ def distribution(raw: "str | None") -> str:
 HET_VARS = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
 
 
-def layout_doubt(env: "Env", hosts: "tuple[str, ...] | None", node: "int | None",
-                 counts: "tuple[int, ...] | None", gtids: "list[str] | None"
+def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
+                 counts: "Sequence[int] | None", gtids: "list[str] | None"
                  ) -> "tuple[str, bool] | None":
     """Why SLURM_NODEID and the step's node list do not prove where task 0 runs and the
     node order by lowest rank: (reason, counts_usable), or None when they do.
