@@ -63,6 +63,11 @@ TYPED = (
     "sources/slurm.py",
     "sources/tfconfig.py",
     "sources/torchrun.py",
+    "tensorflow/__init__.py",
+    "tensorflow/cluster.py",
+    "tensorflow/devices.py",
+    "tensorflow/keras_check.py",
+    "tensorflow/preflight.py",
 )
 
 

@@ -13,15 +13,21 @@ from .. import knobs, placement
 from ..description import PER_NODE, DistEnv
 from ..errors import DistEnvError
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
 LOOPBACK = "127.0.0.1"
 CHIEFS = ("chief", "master")
 
 
-def _environ(environ):
+def _environ(environ: "Mapping[str, str] | None") -> "Mapping[str, str]":
     return os.environ if environ is None else environ
 
 
-def _inputs(env, environ) -> "tuple[DistEnv, object]":
+def _inputs(env: "DistEnv | Mapping[str, str] | None", environ: "Mapping[str, str] | None"
+            ) -> "tuple[DistEnv, Mapping[str, str]]":
     """(description, environment mapping) from a DistEnv, a mapping, or nothing."""
     if env is not None and not isinstance(env, DistEnv):  # a mapping to resolve
         environ, env = env, None
@@ -33,7 +39,9 @@ def _inputs(env, environ) -> "tuple[DistEnv, object]":
     return env, src
 
 
-def tf_config(env=None, *, environ=None, hostfile=None, gather=None, base_port=None) -> dict:
+def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
+              environ: "Mapping[str, str] | None" = None, hostfile: "str | None" = None,
+              gather: "bool | str | None" = None, base_port: "int | None" = None) -> "dict[str, Any]":
     """A valid TF_CONFIG dict for this process (``{"cluster": ..., "task": ...}``).
 
     `env`: a `DistEnv`, or a mapping to resolve (default: ``os.environ``). Keywords (each
@@ -62,7 +70,7 @@ def tf_config(env=None, *, environ=None, hostfile=None, gather=None, base_port=N
     return _assemble(d, src, hosts, base_port)
 
 
-def _passthrough(raw: str, d: DistEnv) -> dict:
+def _passthrough(raw: str, d: DistEnv) -> "dict[str, Any]":
     config = placement.parse_tf_config(raw)
     if d.launcher != "tf_config":
         members = placement.tf_workers(config)
@@ -83,7 +91,8 @@ def _passthrough(raw: str, d: DistEnv) -> dict:
     return config
 
 
-def _worker_hosts(d: DistEnv, src, hostfile, gather) -> "list[str]":
+def _worker_hosts(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None",
+                  gather: "bool | str | None") -> "list[str]":
     """The host of every worker, indexed by rank (node rank for a per-node launch)."""
     if d.launch == PER_NODE:
         # One process per node: for TensorFlow the node's process *is* the worker (it
@@ -113,7 +122,9 @@ def _worker_hosts(d: DistEnv, src, hostfile, gather) -> "list[str]":
             raise DistEnvError(f"DISTENV_GATHER={gather!r}: the only method is 'mpi4py'.")
         from ..discovery import discover
 
-        return list(discover(d, method="mpi4py").rank_hosts)
+        gathered = discover(d, method="mpi4py").rank_hosts
+        assert gathered is not None  # the allgather gives every rank's host, or raises
+        return list(gathered)
     if d.rank_hosts is not None:
         return list(d.rank_hosts)
     why = d.provenance.get("rank_hosts")
@@ -135,9 +146,10 @@ def _missing(d: DistEnv, what: str) -> str:
             f"{d.num_nodes or 'several'} node(s) but does not reveal {what}. Fix: {how}.")
 
 
-def _assemble(d: DistEnv, src, hosts, base_port) -> dict:
-    seen: dict = {}
-    slot = []
+def _assemble(d: DistEnv, src: "Mapping[str, str]", hosts: "Sequence[str]", base_port: "int | None"
+              ) -> "dict[str, Any]":
+    seen: "dict[str, int]" = {}
+    slot: "list[int]" = []
     for host in hosts:
         slot.append(seen.get(host, 0))
         seen[host] = slot[-1] + 1
@@ -153,11 +165,11 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def training_workers(config: dict) -> "list[str]":
+def training_workers(config: "dict[str, Any]") -> "list[str]":
     """host:port of every training worker (chief first, then workers)."""
     return placement.tf_workers(config)
 
 
-def task_index(config: dict) -> "int | None":
+def task_index(config: "dict[str, Any]") -> "int | None":
     """This task's index among the training workers (chief first), None for ps/evaluator."""
     return placement.tf_task_rank(config)

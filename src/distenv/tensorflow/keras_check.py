@@ -7,6 +7,11 @@ import sys
 
 from .cluster import _environ
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
 #: Where a Keras 3 user goes instead (another backend, not another Keras).
 JAX_PATH = ("or use Keras 3 on the JAX backend: distenv.keras.initialize() / see "
             "docs/frameworks/jax.md")
@@ -24,7 +29,7 @@ def tf_initialized() -> bool:
     return ctx is not None and bool(getattr(ctx, "_initialized", False))
 
 
-def keras_flavour(environ=None) -> "tuple[str, str]":
+def keras_flavour(environ: "Mapping[str, str] | None" = None) -> "tuple[str, str]":
     """(flavour, why): which Keras `tf.keras` is, or will be: 'tf_keras', 'keras_3', 'keras_2'."""
     import importlib.util
     from importlib import metadata
@@ -33,7 +38,7 @@ def keras_flavour(environ=None) -> "tuple[str, str]":
     legacy = src.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
     tf = sys.modules.get("tensorflow")
     if tf is not None:
-        loader = tf.__dict__.get("keras")
+        loader: Any = tf.__dict__.get("keras")
         if getattr(loader, "_tfll_initialized", False):
             return loader._tfll_keras_version or "none", "tf.keras is already loaded"
         at_import = tf.__dict__.get("_tf_uses_legacy_keras")
@@ -65,14 +70,15 @@ def keras_flavour(environ=None) -> "tuple[str, str]":
         f"TensorFlow {tf_version} without TF_USE_LEGACY_KERAS=1: tf.keras is keras {kv}"
 
 
-def keras_problem(environ=None, *, opt_in: str = "pass allow_keras3=True") -> "str | None":
+def keras_problem(environ: "Mapping[str, str] | None" = None, *, opt_in: str = "pass allow_keras3=True"
+                  ) -> "str | None":
     """Why Keras would fail under MultiWorkerMirroredStrategy here, with the fix (or None).
 
     `opt_in`: how the caller lets a custom-loop user through (named in the fix)."""
     if "tf_keras" in sys.modules:
         return None  # the user trains with tf-keras directly
     flavour, why = keras_flavour(environ)
-    imported = sys.modules.get("keras")
+    imported: Any = sys.modules.get("keras")
     if flavour == "tf_keras" and str(getattr(imported, "__version__", "")).startswith("3."):
         flavour, why = "keras_3", f"keras {imported.__version__} (Keras 3) is imported, tf_keras is not"
     if flavour in ("tf_keras", "keras_2", "none"):

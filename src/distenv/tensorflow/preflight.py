@@ -11,6 +11,11 @@ from .. import knobs
 from ..errors import DistEnvError
 from .cluster import _environ
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
 #: Seconds the pre-flight rendezvous waits for every worker (override: DISTENV_TIMEOUT).
 DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
 
@@ -20,7 +25,8 @@ def _split(address: str) -> "tuple[str, int]":
     return host.strip("[]"), int(port)
 
 
-def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None) -> float:
+def rendezvous(workers: "Sequence[str]", index: int, timeout: "float | None" = None,
+               environ: "Mapping[str, str] | None" = None) -> float:
     """Listen on ``workers[index]``'s port until every worker has reached every other one.
 
     Each worker connects to every other worker's port and says hello (its index and a digest
@@ -49,7 +55,7 @@ def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None
     listener.setblocking(False)
     peers = {i: w for i, w in enumerate(workers) if i != index}
     unreached = dict(peers)
-    heard: set = set()
+    heard: "set[int]" = set()
     try:
         while True:
             _drain(listener, heard, key)
@@ -75,7 +81,7 @@ def rendezvous(workers, index: int, timeout: "float | None" = None, environ=None
     return time.monotonic() - t0
 
 
-def _drain(listener, heard: set, key: int) -> None:
+def _drain(listener: Any, heard: "set[int]", key: int) -> None:
     """Accept pending connections and record which workers said hello."""
     while True:
         try:
