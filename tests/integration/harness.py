@@ -37,6 +37,7 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -375,6 +376,45 @@ def parse_records(text: str) -> "list[dict]":
         i = end
 
 
+#: Every launched process inherits this variable with a token of its run, so that `reap` can
+#: find what a run left behind.
+RUN_TOKEN = "DISTENV_TEST_RUN"
+
+
+def reap(token: str) -> "list[str]":
+    """SIGKILL every process whose environment holds this run's token; their descriptions.
+
+    A launcher killed by the hard timeout (SIGKILL after SIGTERM) cannot end its ranks: a rank
+    hung at exit outlives it, holding its port (a rank 0's store on 29500), and a later test's
+    job fails on EADDRINUSE. Nothing a run started may outlive it."""
+    mark = f"{RUN_TOKEN}={token}".encode()
+    killed = []
+    for _round in range(3):
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mark not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    what = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+            except OSError:
+                continue
+            found.append((int(pid), what))
+        if not found:
+            break
+        for pid, what in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(f"{pid} {what}")
+            except OSError:
+                pass
+        time.sleep(0.2)
+    return killed
+
+
 def launch(lay: Layout, cmd: Sequence[str], *, extra: Sequence[str] = (),
            env: "dict[str, str] | None" = None, timeout: float = 120, check: bool = True):
     """Run `cmd` as every rank of `lay`. Returns (rank files {name: (stdout, stderr)},
@@ -391,19 +431,25 @@ def launch(lay: Layout, cmd: Sequence[str], *, extra: Sequence[str] = (),
         extra_env.update(table.get(name).env(os.environ))
     if lay.needs in ("slurm1", "slurm2"):
         extra_env["SLURM_CONF"] = slurm_conf(lay.needs)
-    full_env = clean_env({**extra_env, **(env or {})})
+    token = f"{os.getpid()}-{work.name}"
+    full_env = clean_env({**extra_env, **(env or {}), RUN_TOKEN: token})
     argv = lay.argv(_per_rank(cmd, ranks_dir), extra)
     t0 = time.monotonic()
-    if lay.batch is not None:
-        rc, chatter = _sbatch(lay, argv, full_env, work, timeout)
-    else:
-        try:
-            p = subprocess.run(["timeout", "-k", "5", str(int(timeout)), *argv], env=full_env,
-                               cwd=work, capture_output=True, text=True, timeout=timeout + 20,
-                               stdin=subprocess.DEVNULL)
-            rc, chatter = p.returncode, p.stdout + p.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, chatter = 124, f"python-side timeout: {exc}"
+    try:
+        if lay.batch is not None:
+            rc, chatter = _sbatch(lay, argv, full_env, work, timeout)
+        else:
+            try:
+                p = subprocess.run(["timeout", "-k", "5", str(int(timeout)), *argv], env=full_env,
+                                   cwd=work, capture_output=True, text=True, timeout=timeout + 20,
+                                   stdin=subprocess.DEVNULL)
+                rc, chatter = p.returncode, p.stdout + p.stderr
+            except subprocess.TimeoutExpired as exc:
+                rc, chatter = 124, f"python-side timeout: {exc}"
+    finally:
+        left = reap(token)
+    if left:
+        chatter += f"\n[harness] killed {len(left)} process(es) the launcher left running: {left}"
     elapsed = time.monotonic() - t0
     files = {}
     for f in sorted(ranks_dir.glob("*.out")):
