@@ -130,6 +130,11 @@ def main() -> int:
         keys = ("world_size", "final_loss", "checksum", "steps", "deepspeed")
         print(json.dumps({k: record[k] for k in keys}), flush=True)
     sys.stdout.flush()
+    if torch.distributed.is_initialized():
+        # End the group while the interpreter is whole (pytorch/pytorch#190489: gloo's worker
+        # thread can otherwise abort the process at exit after a correct run);
+        # under distenv.deepspeed this call also waits for gloo's threads to be idle.
+        torch.distributed.destroy_process_group()
     return 0
 
 

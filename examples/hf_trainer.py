@@ -137,8 +137,8 @@ def main() -> int:
         # End the group while the interpreter is whole, as torch asks: left to exit, gloo's
         # worker thread may free the last collective's tensors after Python began finalizing,
         # and the process aborts (SIGABRT, exit 134) after a correct run (pytorch/pytorch#190489).
-        # distenv.transformers.patch() does it at exit too, and also waits for gloo's threads,
-        # which live on while the Trainer's DDP model holds the group.
+        # Under distenv.transformers.patch() this call first waits for gloo's threads to be idle:
+        # otherwise freeing the Trainer's DDP model after it can deadlock on them (distenv._teardown).
         torch.distributed.destroy_process_group()
     return 0
 

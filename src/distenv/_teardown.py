@@ -13,20 +13,34 @@ take_gil -> pthread_exit``). ``destroy_process_group()`` alone does not prevent 
 ``shutdown()`` stops nothing, and its threads are joined only when the last reference goes,
 which a DDP model (a Trainer, a LightningModule) still holds at exit.
 
-`register()` (called by `distenv.torch.init_process_group`, `distenv.transformers.patch`,
-`distenv.lightning`, and `distenv.auto` in a distributed launch) adds one atexit handler.
-Python runs atexit handlers before it starts finalizing, so there the handler
+The same race can also *hang* a finished job, measured here under mpirun with the Transformers
+example (py-spy): when the last reference to the process group goes (a script's
+``destroy_process_group()`` followed by its DDP model being freed, or the exit handler's own
+destroy), ``~ProcessGroupGloo`` runs on the main thread *holding the GIL* and waits for the
+worker thread, while that worker waits for the GIL to free a finished all-gather's tensors
+(``~AsyncAllgatherWork -> decref_pyobject -> gil_scoped_acquire``): a deadlock, every rank's
+training done. So the process group is ended only once the workers are idle.
 
-1. destroys the default process group, unless the user already did or the program ends with
-   an uncaught exception (a rank that failed must not wait on the others: with NCCL the
-   destroy can block while peers are still in a collective);
-2. waits until torch's worker threads (gloo's run loops, autograd's device threads) are idle,
+`register()` (called by `distenv.torch.init_process_group`, `distenv.transformers.patch`,
+`distenv.deepspeed.prepare`, `distenv.lightning`, and `distenv.auto` in a distributed launch)
+adds one atexit handler and guards ``torch.distributed.destroy_process_group`` (`guard`).
+Python runs atexit handlers before it starts finalizing, so there `end()`
+
+1. waits until torch's worker threads (gloo's run loops, autograd's device threads) are idle,
    releasing the GIL meanwhile so that a late worker finishes its destruction while the
    interpreter is whole. Idle: every such thread asleep and not scheduled at all across a
-   10 ms GIL-free sleep (Linux ``/proc/self/task``); at most `QUIESCE_LIMIT` seconds.
+   10 ms GIL-free sleep (Linux ``/proc/self/task``); at most `QUIESCE_LIMIT` seconds;
+2. destroys the default process group, unless the user already did or the program ends with
+   an uncaught exception (a rank that failed must not wait on the others: with NCCL the
+   destroy can block while peers are still in a collective);
+3. waits for the workers again (the destroy may have finished collectives of its own).
 
-Standard library only, and torch is never imported here: the handler does nothing when the
-program never imported ``torch.distributed``. ``DISTENV_TEARDOWN=0`` turns it off.
+`guard()` makes a script's own ``torch.distributed.destroy_process_group()`` wait the same way
+before and after (same function, same arguments; ``distenv.torch.destroy_process_group`` is
+`end()` by name). ``DISTENV_TEARDOWN=0`` turns all of it off.
+
+Standard library only, and torch is never imported here: nothing happens when the program
+never imported ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ import sys
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import Any
 
 #: Seconds the exit handler waits at most for torch's worker threads to go idle.
 QUIESCE_LIMIT = 10.0
@@ -46,11 +61,18 @@ WORKERS = ("pt_gloo_runloop", "pt_autograd")
 _registered = False
 
 
+def _off() -> bool:
+    return os.environ.get("DISTENV_TEARDOWN", "").strip().lower() in ("0", "false", "no", "off")
+
+
 def register() -> None:
-    """Run `at_exit` when the interpreter ends (once per process, however often called)."""
+    """Run `at_exit` when the interpreter ends (once per process, however often called), and
+    `guard` torch's destroy_process_group if torch.distributed is imported already."""
     global _registered
-    off = os.environ.get("DISTENV_TEARDOWN", "").strip().lower() in ("0", "false", "no", "off")
-    if _registered or off:
+    if _off():
+        return
+    guard()
+    if _registered:
         return
     import atexit
 
@@ -58,26 +80,62 @@ def register() -> None:
     _registered = True
 
 
-def at_exit() -> None:
+def guard() -> None:
+    """Make ``torch.distributed.destroy_process_group`` wait for torch's workers to be idle
+    before and after it runs (see the module docstring). Once; nothing if torch.distributed is
+    not imported (distenv.auto calls this again when it is)."""
+    dist = sys.modules.get("torch.distributed")
+    original = getattr(dist, "destroy_process_group", None)
+    if original is None or getattr(original, "__distenv_guarded__", False) or _off():
+        return
+    import functools
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: "Any", **kwargs: "Any") -> "Any":
+        _settle()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _settle()
+
+    destroy_process_group.__distenv_guarded__ = True  # type: ignore[attr-defined]
+    setattr(dist, "destroy_process_group", destroy_process_group)
+
+
+def _settle() -> None:
+    try:
+        if not quiesce(QUIESCE_LIMIT):
+            _log().debug("distenv: torch worker threads still busy after %s s", QUIESCE_LIMIT)
+    except Exception as exc:  # noqa: BLE001 - never turn a finished job into a failed one
+        _log().debug("distenv: waiting for torch worker threads failed: %s", exc)
+
+
+def _log() -> "Any":
+    import logging
+
+    return logging.getLogger("distenv.torch")
+
+
+def end(destroy: bool = True) -> None:
+    """End the default process group in an order that neither hangs nor aborts: torch's
+    workers idle, destroy (when `destroy` and a group is up), workers idle again."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
-    import logging
-
-    log = logging.getLogger("distenv.torch")
+    _settle()
     try:
-        # An uncaught exception is printed (and kept in sys.last_value) before atexit runs.
-        failed = getattr(sys, "last_value", None) is not None
-        if not failed and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-            log.debug("distenv: process group destroyed at exit")
+        if destroy and dist.is_available() and dist.is_initialized():
+            original = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
+            original()
+            _log().debug("distenv: process group destroyed")
     except Exception as exc:  # noqa: BLE001 - never turn a finished job into a failed exit
-        log.debug("distenv: destroy_process_group at exit failed: %s", exc)
-    try:
-        if not quiesce(QUIESCE_LIMIT):
-            log.debug("distenv: torch worker threads still busy after %s s at exit", QUIESCE_LIMIT)
-    except Exception as exc:  # noqa: BLE001
-        log.debug("distenv: waiting for torch worker threads at exit failed: %s", exc)
+        _log().debug("distenv: destroy_process_group failed: %s", exc)
+    _settle()
+
+
+def at_exit() -> None:
+    # An uncaught exception is printed (and kept in sys.last_value) before atexit runs.
+    end(destroy=getattr(sys, "last_value", None) is None)
 
 
 def _workers() -> "list[str] | None":

@@ -66,6 +66,12 @@ def prepare(environ: "MutableMapping[str, str] | None" = None, *, overwrite: boo
             f"{'it' if len(missing) == 1 else 'them'}. Fix: set "
             f"{', '.join(missing)} in the job script, or run `distenv show --explain`."
         )
+    if env.is_distributed:
+        from . import _teardown
+
+        # DeepSpeed never ends its process group, and its engine holds it to the end: an
+        # orderly end at exit (gloo's threads can abort a finished job, see distenv._teardown).
+        _teardown.register()
     return env
 
 

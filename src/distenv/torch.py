@@ -353,6 +353,18 @@ def _rendezvous(env: DistEnv, wait: datetime.timedelta) -> Any:
     return store
 
 
+def destroy_process_group() -> None:
+    """End the default process group at the end of a script, in place of
+    ``torch.distributed.destroy_process_group()``: it first waits (the GIL released) until
+    torch's gloo and autograd worker threads are idle, destroys the group, and waits again.
+    torch's own can hang or abort a finished job: ``~ProcessGroupGloo`` waits for a worker
+    thread that itself waits for the GIL (pytorch/pytorch#190489; see distenv._teardown).
+    Nothing happens when no group is up."""
+    from . import _teardown
+
+    _teardown.end()
+
+
 def device() -> Any:
     """The torch.device this process trains on (after init_process_group: its bound CUDA
     device, or the CPU); before it, the device init_process_group would choose."""
@@ -366,4 +378,4 @@ def device() -> Any:
     return torch.device("cpu") if index is None else torch.device("cuda", index)
 
 
-__all__ = ["init_process_group", "device", "RendezvousError", "DEFAULT_RENDEZVOUS_TIMEOUT"]
+__all__ = ["init_process_group", "destroy_process_group", "device", "RendezvousError", "DEFAULT_RENDEZVOUS_TIMEOUT"]
