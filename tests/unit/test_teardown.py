@@ -1,0 +1,82 @@
+"""distenv._teardown on a stand-in torch.distributed: the order quiesce -> destroy -> quiesce,
+the guard on a script's own destroy_process_group, and DISTENV_TEARDOWN=0. The real race is
+provoked and shown gone under mpirun in tests/reliability/test_clean_exit.py."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from distenv import _teardown
+
+
+@pytest.fixture
+def fake_dist(monkeypatch):
+    calls = []
+    dist = types.ModuleType("torch.distributed")
+    state = {"up": True}
+
+    def destroy_process_group(group=None):
+        calls.append(("destroy", group))
+        state["up"] = False
+
+    dist.destroy_process_group = destroy_process_group
+    dist.is_available = lambda: True
+    dist.is_initialized = lambda: state["up"]
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    monkeypatch.setattr(_teardown, "quiesce", lambda limit=0: calls.append(("quiesce",)) or True)
+    monkeypatch.delenv("DISTENV_TEARDOWN", raising=False)
+    return types.SimpleNamespace(module=dist, calls=calls, state=state, original=destroy_process_group)
+
+
+def test_end_waits_for_the_workers_before_and_after_destroying(fake_dist):
+    _teardown.end()
+    assert fake_dist.calls == [("quiesce",), ("destroy", None), ("quiesce",)]
+    fake_dist.calls.clear()
+    _teardown.end()  # nothing up any more: no destroy, still the waits
+    assert fake_dist.calls == [("quiesce",), ("quiesce",)]
+
+
+def test_a_failed_program_does_not_destroy(fake_dist, monkeypatch):
+    monkeypatch.setattr(sys, "last_value", RuntimeError("boom"), raising=False)
+    _teardown.at_exit()
+    assert ("destroy", None) not in fake_dist.calls and fake_dist.state["up"]
+
+
+def test_guard_wraps_the_scripts_own_destroy_once(fake_dist):
+    _teardown.guard()
+    _teardown.guard()  # idempotent
+    wrapped = fake_dist.module.destroy_process_group
+    assert wrapped is not fake_dist.original and wrapped.__wrapped__ is fake_dist.original
+    wrapped("g")
+    assert fake_dist.calls == [("quiesce",), ("destroy", "g"), ("quiesce",)]
+    fake_dist.calls.clear()
+    fake_dist.state["up"] = True
+    _teardown.end()  # end() calls torch's own, not the guard (no double wait)
+    assert fake_dist.calls == [("quiesce",), ("destroy", None), ("quiesce",)]
+
+
+def test_teardown_off(fake_dist, monkeypatch):
+    monkeypatch.setenv("DISTENV_TEARDOWN", "0")
+    _teardown.guard()
+    assert fake_dist.module.destroy_process_group is fake_dist.original
+
+
+def test_no_torch_no_work(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    seen = []
+    monkeypatch.setattr(_teardown, "quiesce", lambda limit=0: seen.append(1) or True)
+    _teardown.end()
+    _teardown.guard()
+    assert seen == []
+
+
+def test_auto_guards_torch_distributed_when_imported():
+    import distenv.auto
+
+    assert distenv.auto.HOOKS["torch.distributed"] == ("distenv._teardown", "guard")
+
+
+def test_quiesce_without_workers_returns_at_once():
+    assert _teardown.quiesce(0.5) is True
