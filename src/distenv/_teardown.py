@@ -82,9 +82,14 @@ def register() -> None:
 
 def guard() -> None:
     """Make ``torch.distributed.destroy_process_group`` wait for torch's workers to be idle
-    before and after it runs (see the module docstring). Once; nothing if torch.distributed is
-    not imported (distenv.auto calls this again when it is)."""
+    before and after it runs (see the module docstring). Once. When torch.distributed is not
+    imported yet (``patch()`` comes before ``import torch`` in most scripts), it is guarded
+    as soon as its import completes."""
     dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        if not any(isinstance(f, _GuardFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _GuardFinder())
+        return
     original = getattr(dist, "destroy_process_group", None)
     if original is None or getattr(original, "__distenv_guarded__", False) or _off():
         return
@@ -100,6 +105,43 @@ def guard() -> None:
 
     destroy_process_group.__distenv_guarded__ = True  # type: ignore[attr-defined]
     setattr(dist, "destroy_process_group", destroy_process_group)
+
+
+class _GuardFinder:
+    """Finds nothing itself: for ``torch.distributed``, wraps the loader the other finders
+    return so that `guard` runs once the module's body did; then leaves sys.meta_path."""
+
+    def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        if name != "torch.distributed":
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _GuardLoader(spec.loader)
+        return spec
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class _GuardLoader:
+    def __init__(self, loader: "Any") -> None:
+        self.loader = loader
+
+    def __getattr__(self, attr: str) -> "Any":
+        return getattr(self.loader, attr)
+
+    def exec_module(self, module: "Any") -> None:
+        self.loader.exec_module(module)
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _GuardFinder)]
+        guard()
 
 
 def _settle() -> None:

@@ -46,9 +46,6 @@ HOOKS = {
     # jax.distributed.initialize() (and keras.distribution.initialize() on the JAX backend,
     # which calls it) with no arguments: filled from the launch.
     "jax": ("distenv.jax", "patch"),
-    # A script's own destroy_process_group() waits for torch's worker threads (a finished job
-    # could hang or abort at its end otherwise; see distenv._teardown).
-    "torch.distributed": ("distenv._teardown", "guard"),
 }
 #: Adapters applied again for each of their frameworks imported (they patch what is
 #: imported and are idempotent): `import lightning` and later `import pytorch_lightning`

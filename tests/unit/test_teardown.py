@@ -63,19 +63,29 @@ def test_teardown_off(fake_dist, monkeypatch):
     assert fake_dist.module.destroy_process_group is fake_dist.original
 
 
-def test_no_torch_no_work(monkeypatch):
+def test_no_torch_no_work_and_a_guard_when_it_comes(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     seen = []
     monkeypatch.setattr(_teardown, "quiesce", lambda limit=0: seen.append(1) or True)
     _teardown.end()
     _teardown.guard()
-    assert seen == []
+    _teardown.guard()
+    assert seen == [] and sum(isinstance(f, _teardown._GuardFinder) for f in sys.meta_path) == 1
+    # a stand-in torch.distributed on the path: guarded when its import completes
+    pkg = tmp_path / "torch"
+    (pkg / "distributed").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "distributed" / "__init__.py").write_text("def destroy_process_group(group=None):\n    return 'own'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torch", "torch.distributed"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import torch.distributed as dist
 
-
-def test_auto_guards_torch_distributed_when_imported():
-    import distenv.auto
-
-    assert distenv.auto.HOOKS["torch.distributed"] == ("distenv._teardown", "guard")
+    assert dist.destroy_process_group.__distenv_guarded__ and dist.destroy_process_group() == "own"
+    assert seen == [1, 1] and not any(isinstance(f, _teardown._GuardFinder) for f in sys.meta_path)
+    for name in ("torch", "torch.distributed"):
+        sys.modules.pop(name, None)
 
 
 def test_quiesce_without_workers_returns_at_once():
