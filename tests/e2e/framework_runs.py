@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import harness  # noqa: E402
 from harness import ONE, Layout, one_node, plain  # noqa: E402

@@ -32,7 +32,6 @@ from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import harness  # noqa: E402
 from harness import Layout  # noqa: E402

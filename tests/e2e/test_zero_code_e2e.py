@@ -34,7 +34,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,8 +42,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
-sys.path.insert(0, str(ROOT))
 
 import harness  # noqa: E402  (launcher table, clean environment, cluster helpers)
 

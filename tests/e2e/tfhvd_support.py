@@ -19,8 +19,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-if str(REPO / "tests" / "integration") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import harness  # noqa: E402
 from harness import FAKESSH, NET, NODES, OMPI4, ONE, Layout, on_node1, one_node, plain  # noqa: E402

@@ -218,9 +218,6 @@ def test_intel_mpi_hydra_offers_no_pmi_port(need):
 
 
 # -- framework cells: the examples, unchanged, as the 4 ranks --------------------------------
-E2E = harness.REPO / "tests" / "e2e"
-if str(E2E) not in sys.path:
-    sys.path.insert(0, str(E2E))
 FRAMEWORK_TIMEOUT = 900  # four framework imports on two shared cores
 
 

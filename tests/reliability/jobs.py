@@ -21,8 +21,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-if str(REPO / "tests" / "integration") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import harness  # noqa: E402
 from harness import Layout  # noqa: E402

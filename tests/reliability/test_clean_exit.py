@@ -184,9 +184,7 @@ def test_e2e_harness_sees_a_process_that_aborts_after_its_output():
     signal even when the launcher exited 0 (Lightning's workers are not the launcher's): a
     real process that writes its result and then aborts, as the exit race did."""
     import subprocess
-    import sys
 
-    sys.path.insert(0, str(REPO / "tests" / "e2e"))
     import framework_runs
 
     p = subprocess.run([jobs.PY, "-c", "import os; print('DISTENV-PROBE {}', flush=True); os.abort()"],

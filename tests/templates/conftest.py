@@ -12,10 +12,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 INTEGRATION = HERE.parent / "integration"
-for p in (HERE, INTEGRATION):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
 
 
 def _load_integration_conftest():

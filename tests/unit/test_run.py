@@ -330,9 +330,6 @@ def test_per_node_sigterm_stops_every_worker(tmp_path):
 
 
 # -- per-node under real launchers: one process per node, two workers each ---------------------
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
-
-
 def _harness():
     try:
         import harness
