@@ -2,7 +2,6 @@
 self-rendezvous, the hard size/rank check, and init() against a stand-in Horovod."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -14,21 +13,7 @@ import pytest
 import distenv
 import distenv.horovod as dh
 from distenv import DistEnvError, ports
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
-
-
-def recorded(name, rank):
-    with open(os.path.join(FIXTURES, "launchers", name + ".json")) as fh:
-        return dict(json.load(fh)["ranks"][rank]["env"])
-
-
-def torchrun(rank, nodes=1, nproc=2, addr="127.0.0.1", port="29400"):
-    return {"TORCHELASTIC_RUN_ID": "r1", "RANK": str(rank), "WORLD_SIZE": str(nodes * nproc),
-            "LOCAL_RANK": str(rank % nproc), "LOCAL_WORLD_SIZE": str(nproc),
-            "GROUP_RANK": str(rank // nproc), "GROUP_WORLD_SIZE": str(nodes),
-            "MASTER_ADDR": addr, "MASTER_PORT": port}
+from envs import platform, recorded, torchrun
 
 
 def test_mpirun_uses_the_mpi_controller():
@@ -99,8 +84,7 @@ def test_gloo_needs_the_master_address_across_nodes():
 
 def test_per_node_launch_is_refused(fake_gpus):
     fake_gpus(4)
-    with open(os.path.join(FIXTURES, "platforms", "sagemaker_no_launcher_2hosts_host2.json")) as fh:
-        env = json.load(fh)["env"]
+    env = platform("sagemaker_no_launcher_2hosts_host2")
     with pytest.raises(DistEnvError, match="one process per node"):
         dh.plan(env)
 

@@ -22,20 +22,10 @@ import distenv
 import distenv.jax as dj
 import distenv.keras as dk
 from distenv import DistEnvError, ports
+from envs import platform, recorded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-
-
-def recorded(name, rank):
-    with open(os.path.join(FIXTURES, "launchers", name + ".json")) as fh:
-        return dict(json.load(fh)["ranks"][rank]["env"])
-
-
-def platform(name):
-    with open(os.path.join(FIXTURES, "platforms", name + ".json")) as fh:
-        return dict(json.load(fh)["env"])
 
 
 @pytest.fixture(autouse=True)

@@ -16,15 +16,10 @@ import pytest
 import distenv
 import distenv.keras as dk
 from distenv import DistEnvError
+from envs import platform, recorded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-
-
-def recorded(name, rank):
-    with open(os.path.join(FIXTURES, "launchers", name + ".json")) as fh:
-        return dict(json.load(fh)["ranks"][rank]["env"])
 
 
 # -- stand-in Keras ------------------------------------------------------------------------
@@ -192,8 +187,7 @@ def test_initialize_args_across_slurm_nodes():
 
 def test_initialize_args_per_node_launch(fake_gpus):
     fake_gpus(4)
-    with open(os.path.join(FIXTURES, "platforms", "sagemaker_no_launcher_2hosts_host2.json")) as fh:
-        env = json.load(fh)["env"]
+    env = platform("sagemaker_no_launcher_2hosts_host2")
     args = dk.initialize_args(env)
     assert (args["num_processes"], args["process_id"]) == (2, 1)
     assert args["job_addresses"].startswith("algo-1:")

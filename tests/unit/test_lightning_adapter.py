@@ -10,29 +10,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.lightning import WORKER_VAR, DistenvEnvironment, settings, trainer_kwargs
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(HERE, "..", "fixtures", "launchers")
-
-
-def ranks(layout):
-    with open(os.path.join(FIXTURES, layout + ".json")) as f:
-        return [r["env"] for r in json.load(f)["ranks"]]
-
-
-def ompi(rank, size, local, local_size, nodes, extra=None):
-    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
-            "OMPI_MCA_orte_num_nodes": str(nodes), "OMPI_MCA_ess_base_jobid": "4242",
-            "OMPI_MCA_orte_hnp_uri": "4241.0;tcp://10.213.77.11:4000", **(extra or {})}
-
-
-def slurm(rank, node, local, per_node="2(x2)", ntasks=4, nodes=2):
-    return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
-            "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
-            "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
-            "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_STEP_NODELIST": "node[1-2]",
-            "SLURM_STEP_TASKS_PER_NODE": per_node}
+from envs import PLATFORM_CASES, ompi4, platform_case, ranks, slurm_at
 
 
 PER_NODE = {"DISTENV_NPROC_PER_NODE": "2"}
@@ -50,18 +28,18 @@ def test_trainer_kwargs_on_recorded_launches(no_gpus, layout, devices, nodes):
 
 
 def test_trainer_kwargs_two_nodes(no_gpus):
-    assert trainer_kwargs(environ=slurm(3, 1, 1)) == {"devices": 2, "num_nodes": 2}
+    assert trainer_kwargs(environ=slurm_at(3, 1, 1)) == {"devices": 2, "num_nodes": 2}
     # Open MPI 5 across nodes gives no node count: world / local when every node is alike.
-    e = ompi(2, 4, 0, 2, 2)
+    e = ompi4(2, 4, 0, 2, 2)
     del e["OMPI_MCA_orte_num_nodes"]
     assert trainer_kwargs(environ=e) == {"devices": 2, "num_nodes": 2}
-    assert trainer_kwargs(environ=ompi(1, 2, 0, 1, 2, PER_NODE)) == {"devices": 2, "num_nodes": 2}
+    assert trainer_kwargs(environ=ompi4(1, 2, 0, 1, 2, PER_NODE)) == {"devices": 2, "num_nodes": 2}
 
 
 def test_uneven_layout_is_an_error(no_gpus):
     # srun -N2 -n3: 2 tasks on node1, 1 on node2 -- Lightning needs equal counts.
     with pytest.raises(DistEnvError, match="same number on every node"):
-        settings(DistenvEnvironment(environ=slurm(2, 1, 0, "2,1", 3)).env)
+        settings(DistenvEnvironment(environ=slurm_at(2, 1, 0, "2,1", 3)).env)
 
 
 # -- per-process: the launcher made the workers ------------------------------------------------
@@ -115,7 +93,7 @@ def test_incomplete_launch_fails_at_construction(no_gpus):
 
 # -- per-node: Lightning starts the workers ------------------------------------------------
 def test_per_node_process_lets_lightning_start_the_workers(no_gpus):
-    environ = ompi(1, 2, 0, 1, 2, PER_NODE)
+    environ = ompi4(1, 2, 0, 1, 2, PER_NODE)
     env = DistenvEnvironment(environ=environ)
     assert env.env.launch == "per-node"
     assert env.creates_processes_externally is False
@@ -143,7 +121,7 @@ def test_per_node_process_lets_lightning_start_the_workers(no_gpus):
 
 
 def test_per_node_contradictions(no_gpus):
-    env = DistenvEnvironment(environ=ompi(0, 2, 0, 1, 2, PER_NODE))
+    env = DistenvEnvironment(environ=ompi4(0, 2, 0, 1, 2, PER_NODE))
     for devices, nodes in ((1, 2), (2, 1), (4, 1)):
         with pytest.raises(DistEnvError, match=r"Fix: Trainer\(devices=2, num_nodes=2\)"):
             env.validate_settings(num_devices=devices, num_nodes=nodes)
@@ -182,14 +160,9 @@ def test_each_package_base_class_accepts_the_plugin(no_gpus, module):
 
 
 # -- documented platforms: the cases where users hand-compute NODE_RANK and get it wrong ----------
-PLATFORMS = os.path.join(HERE, "..", "fixtures", "platforms")
-PLATFORM_CASES = sorted(f for f in os.listdir(PLATFORMS) if f.endswith(".json"))
-
-
-@pytest.mark.parametrize("name", PLATFORM_CASES, ids=[f[:-5] for f in PLATFORM_CASES])
+@pytest.mark.parametrize("name", PLATFORM_CASES)
 def test_documented_platforms(fake_gpus, name):
-    with open(os.path.join(PLATFORMS, name)) as f:
-        case = json.load(f)
+    case = platform_case(name)
     fake_gpus(case.get("gpus", 0))
     want = case["expected"]
     if "error" in want or want.get("world_size") is None or want.get("launch") is None:

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from distenv import DistEnvError
+from envs import ompi4, slurm_at
 
 REQUIRE = os.environ.get("DISTENV_REQUIRE_FRAMEWORK", "") == "lightning"
 PACKAGES = ["lightning", "pytorch_lightning"]
@@ -55,20 +56,6 @@ def patched():
     dl.unpatch()
 
 
-def ompi(rank, size, local, local_size, nodes, extra=None):
-    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
-            "OMPI_MCA_orte_num_nodes": str(nodes), "OMPI_MCA_ess_base_jobid": "4242",
-            "OMPI_MCA_orte_hnp_uri": "4241.0;tcp://10.213.77.11:4000", **(extra or {})}
-
-
-def slurm(rank, node, local):
-    return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
-            "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": str(local),
-            "SLURM_NODEID": str(node), "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node[1-2]",
-            "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
-
-
 def trainer(pl, **kwargs):
     return pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, **kwargs)
@@ -86,16 +73,16 @@ def describe(t):
 def test_unpatched_trainer_trains_alone_under_mpirun(launch, name):
     """The baseline the patch fixes: Open MPI without mpi4py, no plugin -> rank 0 of 1."""
     pl, _, _ = package(name)
-    launch(ompi(3, 4, 1, 2, 2))
+    launch(ompi4(3, 4, 1, 2, 2))
     got = describe(trainer(pl))
     assert (got["world_size"], got["global_rank"], got["env"]) == (1, 0, "LightningEnvironment")
 
 
 @pytest.mark.parametrize("name", PACKAGES)
 @pytest.mark.parametrize("variables, rank, local, node", [
-    (ompi(3, 4, 1, 2, 2), 3, 1, 1),      # Open MPI across two nodes (no node rank revealed)
-    (ompi(0, 4, 0, 2, 2), 0, 0, 0),
-    (slurm(2, 1, 0), 2, 0, 1),           # srun, two nodes
+    (ompi4(3, 4, 1, 2, 2), 3, 1, 1),     # Open MPI across two nodes (no node rank revealed)
+    (ompi4(0, 4, 0, 2, 2), 0, 0, 0),
+    (slurm_at(2, 1, 0), 2, 0, 1),        # srun, two nodes
     ({"TORCHELASTIC_RUN_ID": "j1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
       "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "ROLE_RANK": "1", "ROLE_WORLD_SIZE": "2",
       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_RESTART_COUNT": "0",
@@ -115,7 +102,7 @@ def test_patched_trainer_follows_the_launch(launch, patched, name, variables, ra
 @pytest.mark.parametrize("name", PACKAGES)
 def test_explicit_matching_settings_are_kept(launch, patched, name):
     pl, _, _ = package(name)
-    launch(ompi(1, 4, 1, 2, 2))
+    launch(ompi4(1, 4, 1, 2, 2))
     got = describe(trainer(pl, devices=2, num_nodes=2))
     assert (got["world_size"], got["global_rank"], got["env"]) == (4, 1, "DistenvEnvironment")
 
@@ -126,7 +113,7 @@ def test_explicit_matching_settings_are_kept(launch, patched, name):
 def test_contradicting_settings_fail_with_the_right_ones(launch, patched, name, kwargs):
     """Explicit values are the user's: checked, never silently replaced."""
     pl, _, _ = package(name)
-    launch(ompi(1, 4, 1, 2, 2))
+    launch(ompi4(1, 4, 1, 2, 2))
     with pytest.raises(DistEnvError, match=r"Fix: Trainer\(devices=2, num_nodes=2\)"):
         trainer(pl, **kwargs)
 
@@ -134,13 +121,13 @@ def test_contradicting_settings_fail_with_the_right_ones(launch, patched, name, 
 @pytest.mark.parametrize("name", PACKAGES)
 def test_the_users_own_environment_wins(launch, patched, name):
     pl, _, envs = package(name)
-    launch(ompi(1, 4, 1, 2, 2))
+    launch(ompi4(1, 4, 1, 2, 2))
     mine = envs.LightningEnvironment()
     t = trainer(pl, plugins=[mine], devices=1)
     assert t._accelerator_connector.cluster_environment is mine
     import distenv.lightning as dl
 
-    given = dl.DistenvEnvironment(environ=ompi(1, 4, 1, 2, 2), rank=1)
+    given = dl.DistenvEnvironment(environ=ompi4(1, 4, 1, 2, 2), rank=1)
     assert trainer(pl, plugins=[given]).strategy.cluster_environment is given  # DDP: 2 x 2
 
 
@@ -158,7 +145,7 @@ def test_no_launcher_keeps_lightnings_choices(launch, patched, name):
 def test_per_node_process_starts_the_nodes_workers(launch, patched, name):
     """One MPI process per node and DISTENV_NPROC_PER_NODE=2: Lightning starts 2 workers."""
     pl, _, _ = package(name)
-    launch(ompi(1, 2, 0, 1, 2, {"DISTENV_NPROC_PER_NODE": "2"}))
+    launch(ompi4(1, 2, 0, 1, 2, {"DISTENV_NPROC_PER_NODE": "2"}))
     t = trainer(pl)
     got = describe(t)
     assert got["env"] == "DistenvEnvironment" and (got["num_devices"], got["num_nodes"]) == (2, 2)
@@ -170,7 +157,7 @@ def test_per_node_process_starts_the_nodes_workers(launch, patched, name):
 @pytest.mark.parametrize("name", PACKAGES)
 def test_fabric_follows_the_launch(launch, patched, name):
     _, Fabric, _ = package(name)
-    launch(slurm(3, 1, 1))
+    launch(slurm_at(3, 1, 1))
     f = Fabric(accelerator="cpu")
     assert type(f._connector.cluster_environment).__name__ == "DistenvEnvironment"
     assert (f.world_size, f.global_rank, f.local_rank, f.node_rank) == (4, 3, 1, 1)
@@ -218,7 +205,7 @@ for pl in (a, b):
 print(json.dumps(out))
 """
     env = {k: v for k, v in os.environ.items() if k in KEEP}
-    env.update(ompi(3, 4, 1, 2, 2))
+    env.update(ompi4(3, 4, 1, 2, 2))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == '[["DistenvEnvironment", 4, 3], ["DistenvEnvironment", 4, 3]]'

@@ -3,8 +3,6 @@ Lightning node hand-off source; the shared knobs (distenv.knobs)."""
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
 
 import pytest
@@ -13,14 +11,7 @@ import distenv
 from distenv import DistEnvError, knobs, placement, ports, resolve
 from distenv.description import Later
 from distenv.discovery import from_hostnames
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PLATFORMS = os.path.join(HERE, "..", "fixtures", "platforms")
-
-
-def platform(name):
-    with open(os.path.join(PLATFORMS, name + ".json")) as fh:
-        return dict(json.load(fh)["env"])
+from envs import platform
 
 
 def srun(rank, nodes, per, dist=None, nodelist=None, job="5"):

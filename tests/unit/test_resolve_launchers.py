@@ -4,37 +4,7 @@ import pytest
 
 from distenv import DistEnvError, resolve
 from distenv.ports import port_for
-
-
-def ompi(rank, size, local, lsize, **extra):
-    env = {
-        "OMPI_COMM_WORLD_RANK": str(rank),
-        "OMPI_COMM_WORLD_SIZE": str(size),
-        "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
-        "OMPI_COMM_WORLD_LOCAL_SIZE": str(lsize),
-        # Trap: a local index, never a node index.
-        "OMPI_COMM_WORLD_NODE_RANK": str(local),
-    }
-    env.update(extra)
-    return env
-
-
-def slurm_task(procid, ntasks, localid, nodeid, nnodes, nodelist, tpn, job="77", step="0", **extra):
-    env = {
-        "SLURM_JOB_ID": job,
-        "SLURM_STEP_ID": step,
-        "SLURM_PROCID": str(procid),
-        "SLURM_STEP_NUM_TASKS": str(ntasks),
-        "SLURM_NTASKS": str(ntasks),
-        "SLURM_LOCALID": str(localid),
-        "SLURM_NODEID": str(nodeid),
-        "SLURM_STEP_NUM_NODES": str(nnodes),
-        "SLURM_STEP_NODELIST": nodelist,
-        "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_STEP_TASKS_PER_NODE": tpn,
-    }
-    env.update(extra)
-    return env
+from envs import ompi, slurm_task
 
 
 def test_single_process_defaults():

@@ -15,31 +15,9 @@ import pytest
 import distenv
 import distenv.tensorflow as dtf
 from distenv import DistEnvError, ports
+from envs import platform, recorded, slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
-
-
-def recorded(name, rank):
-    with open(os.path.join(FIXTURES, "launchers", name + ".json")) as fh:
-        return dict(json.load(fh)["ranks"][rank]["env"])
-
-
-def platform(name):
-    with open(os.path.join(FIXTURES, "platforms", name + ".json")) as fh:
-        return dict(json.load(fh)["env"])
-
-
-def slurm(rank, nodelist="node[9-10]", tasks="2(x2)", dist=None, job="77", nodeid=None,
-          localid=None, ntasks=4, nnodes=2):
-    env = {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
-           "SLURM_STEP_NUM_TASKS": str(ntasks), "SLURM_STEP_NUM_NODES": str(nnodes),
-           "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": tasks,
-           "SLURM_NODEID": str(nodeid if nodeid is not None else rank // 2),
-           "SLURM_LOCALID": str(localid if localid is not None else rank % 2)}
-    if dist:
-        env["SLURM_DISTRIBUTION"] = dist
-    return env
 
 
 def workers(config):
