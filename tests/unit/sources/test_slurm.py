@@ -1,0 +1,52 @@
+"""The resolver on SLURM environments written by hand (src/distenv/sources/slurm.py): srun
+tasks, and the batch script or allocation that is not one; recorded ones: test_recorded.py."""
+
+import pytest
+
+from distenv import DistEnvError, resolve
+from distenv.ports import port_for
+from envs import slurm_task
+
+
+def test_slurm_pmi2_without_hydra_is_slurm():
+    env = resolve(slurm_task(1, 2, 1, 0, 1, "vm", "2", PMI_RANK="1", PMI_SIZE="2", PMI_FD="5"))
+    assert env.launcher == "slurm" and env.rank == 1
+
+
+def test_slurm_block_two_nodes():
+    env = resolve(slurm_task(3, 4, 1, 1, 2, "node[1-2]", "2(x2)"))
+    assert (env.rank, env.local_rank, env.node_rank, env.num_nodes) == (3, 1, 1, 2)
+    assert env.local_world_size == 2 and env.nproc_per_node == 2
+    assert env.hosts == ("node1", "node2") and env.master_addr == "node1"
+    assert env.job_id == "77" and env.master_port == port_for("slurm:77.0")
+
+
+def test_slurm_uneven_tasks():
+    env = resolve(slurm_task(2, 3, 0, 1, 2, "node[1-2]", "2,1"))
+    assert env.local_world_size == 1 and env.nproc_per_node is None and env.node_rank == 1
+
+
+def test_slurm_cyclic_uses_gtids():
+    env = resolve(slurm_task(2, 4, 1, 0, 2, "node[1-2]", "2(x2)", SLURM_GTIDS="0,2",
+                             SLURM_DISTRIBUTION="cyclic"))
+    assert (env.rank, env.local_rank, env.node_rank) == (2, 1, 0)
+
+
+def test_slurm_arbitrary_distribution_has_no_master():
+    env = resolve(slurm_task(0, 2, 0, 0, 2, "node[1-2]", "1(x2)", SLURM_DISTRIBUTION="arbitrary"))
+    assert env.master_addr is None
+    with pytest.raises(DistEnvError, match="MASTER_ADDR"):
+        env.export({})
+
+
+def test_slurm_batch_script_is_one_process_not_task_zero():
+    batch = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
+             "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0"}
+    env = resolve(batch)
+    assert env.launcher == "none" and env.world_size == 1 and env.job_id == "9"
+    assert any("srun" in n for n in env.notes)
+
+
+def test_slurm_batch_step_id_marker_is_not_a_task():
+    env = resolve(slurm_task(0, 4, 0, 0, 2, "n[1-2]", "2(x2)", step="4294967294"))
+    assert env.launcher == "none"
