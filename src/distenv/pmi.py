@@ -73,6 +73,11 @@ import time
 
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
 #: The process name (/proc/<pid>/comm) of Hydra's proxy: MPICH 4.0, MPICH 5, Intel MPI 2021.
 PROXY_NAMES = ("hydra_pmi_proxy",)
 #: The environment variable `distenv run` passes to the command it execs ("<pid>[:<fd>]").
@@ -90,15 +95,17 @@ class Offer:
 
     __slots__ = ("mode", "fd", "addr", "pmiid", "rank", "size", "why")
 
-    def __init__(self, mode, why, fd=None, addr=None, pmiid=None, rank=None, size=None):
+    def __init__(self, mode: str, why: str, fd: "int | None" = None,
+                 addr: "tuple[str, int] | None" = None, pmiid: "int | None" = None,
+                 rank: "int | None" = None, size: "int | None" = None) -> None:
         self.mode, self.why, self.fd, self.addr, self.pmiid = mode, why, fd, addr, pmiid
         self.rank, self.size = rank, size
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Offer({self.mode!r}, {self.why!r})"
 
 
-def _int(environ, name):
+def _int(environ: "Mapping[str, str]", name: str) -> "int | None":
     raw = environ.get(name)
     if raw is None or not raw.strip().isdigit():
         return None
@@ -113,7 +120,7 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def offer(environ=None) -> "tuple[Offer | None, str]":
+def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, why) or (None, why not). Reads /proc and fstat's the fd:
     call it only where communication is about to happen."""
     environ = os.environ if environ is None else environ
@@ -148,11 +155,11 @@ def offer(environ=None) -> "tuple[Offer | None, str]":
 
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                 return None, f"PMI_FD={fd} is not a socket in this process"
-            pid = _peer_pid(fd)
+            peer = _peer_pid(fd)
         except OSError as exc:
             return None, f"PMI_FD={fd} is not open in this process ({exc.strerror})"
-        if pid is not None and pid != parent:
-            return None, (f"PMI_FD={fd} is connected to process {pid}, not to the parent "
+        if peer is not None and peer != parent:
+            return None, (f"PMI_FD={fd} is connected to process {peer}, not to the parent "
                           f"proxy {parent}")
         return Offer("fd", f"PMI_FD={fd} from Hydra's proxy (pid {parent})", fd=fd,
                      rank=rank, size=size), ""
@@ -174,7 +181,8 @@ def _peer_pid(fd: int) -> "int | None":
         if s.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
             return None
         raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", raw)[0]
+        peer: int = struct.unpack("3i", raw)[0]  # struct's answer is Any; "3i": ints
+        return peer
     finally:
         s.close()
 
@@ -183,14 +191,14 @@ def _peer_pid(fd: int) -> "int | None":
 class _Conn:
     """One PMI-1 conversation; every read ends by `deadline` (time.monotonic())."""
 
-    def __init__(self, sock: socket.socket, deadline: float):
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline, self.buf = sock, deadline, b""
 
     def send(self, line: str) -> None:
         self.sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
         self.sock.sendall(line.encode() + b"\n")
 
-    def recv(self, expect: str) -> dict:
+    def recv(self, expect: str) -> "dict[str, str]":
         """The next answer, parsed; ``cmd`` must be `expect`."""
         while b"\n" not in self.buf:
             left = self.deadline - time.monotonic()
@@ -207,14 +215,14 @@ class _Conn:
             raise PMIError(f"the launcher answered {line[:200]!r} where cmd={expect} was due")
         return fields
 
-    def call(self, line: str, expect: str) -> dict:
+    def call(self, line: str, expect: str) -> "dict[str, str]":
         self.send(line)
         return self.recv(expect)
 
 
-_held = None   # pid of the process whose connection a watcher holds
-_kept: list = []  # connections kept here when no watcher could be forked
-_done = None   # (pid, Exchange): one exchange per process
+_held: "int | None" = None   # pid of the process whose connection a watcher holds
+_kept: "list[socket.socket]" = []  # connections kept here when no watcher could be forked
+_done: "tuple[int, Exchange] | None" = None   # (pid, Exchange): one exchange per process
 _generation = 0
 
 
@@ -259,7 +267,7 @@ def _hold(sock: socket.socket) -> None:
     _held = watched
 
 
-def _watch(watched: int, keep: int, select) -> None:
+def _watch(watched: int, keep: int, select: Any) -> None:
     """The watcher (see `_hold`): never returns."""
     try:
         os.setsid()
@@ -298,8 +306,8 @@ def handoff() -> "str | None":
     when this process ran no exchange. Exec keeps the pid: the command is the same rank."""
     if not used():
         return None
-    ex = _done[1]
-    runs = []
+    ex = _done[1]  # type: ignore[index]  # used() proved _done is set
+    runs: "list[list[Any]]" = []  # [host, count]
     for host in ex.hosts:
         if runs and runs[-1][0] == host:
             runs[-1][1] += 1
@@ -309,7 +317,7 @@ def handoff() -> "str | None":
             + ",".join(f"{h}*{n}" for h, n in runs))
 
 
-def inherited(environ=None) -> "Exchange | None":
+def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
     """The exchange this same process (same pid) ran before it exec'ed, from `HELD_VAR`."""
     environ = os.environ if environ is None else environ
     parts = environ.get(HELD_VAR, "").split(";")
@@ -343,11 +351,12 @@ class Exchange:
 
     __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why", "kvsname")
 
-    def __init__(self, rank, size, hosts, mode, seconds, why, kvsname=None):
+    def __init__(self, rank: int, size: int, hosts: "list[str]", mode: str, seconds: float,
+                 why: str, kvsname: "str | None" = None) -> None:
         self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
         self.seconds, self.why, self.kvsname = seconds, why, kvsname
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Exchange(rank={self.rank}, size={self.size}, mode={self.mode!r}, hosts={self.hosts!r})"
 
 
@@ -358,7 +367,8 @@ def _check_value(value: str) -> str:
     return value
 
 
-def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None" = None) -> Exchange:
+def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None,
+             found: "Offer | None" = None) -> Exchange:
     """Every rank publishes its host name, one barrier, every rank reads all. Collective:
     every rank of the job must call it. `timeout` seconds (default DISTENV_TIMEOUT, else
     180) bound the whole exchange; a rank that never comes makes the others raise `PMIError`
@@ -379,6 +389,8 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
     start = time.monotonic()
     deadline = start + timeout
     host = _check_value(socket.gethostname())
+    sock: "socket.socket | None"
+    flags: "int | None"
     sock = flags = None
     try:
         if found.mode == "fd":
@@ -388,10 +400,10 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
             # duplicate shares with PMI_FD: left set, MPI_Init's blocking read fails at once
             # ("Error reading initack ... Resource temporarily unavailable", measured with
             # MPICH 4 across nodes). It is put back however the exchange ends.
-            flags = fcntl.fcntl(found.fd, fcntl.F_GETFL)
-            sock = socket.socket(fileno=os.dup(found.fd))
+            flags = fcntl.fcntl(found.fd, fcntl.F_GETFL)  # type: ignore[arg-type]  # "fd": fd set (offer())
+            sock = socket.socket(fileno=os.dup(found.fd))  # type: ignore[arg-type]  # as above
         else:
-            sock = socket.create_connection(found.addr, timeout=max(timeout, 0.001))
+            sock = socket.create_connection(found.addr, timeout=max(timeout, 0.001))  # type: ignore[arg-type]  # "port": addr set (offer())
         conn = _Conn(sock, deadline)
         rank, size = found.rank, found.size
         if found.mode == "port":
@@ -447,7 +459,7 @@ def exchange(environ=None, timeout: "float | None" = None, found: "Offer | None"
     return result
 
 
-def _release(sock, found: Offer, flags) -> None:
+def _release(sock: "socket.socket | None", found: Offer, flags: "int | None") -> None:
     """After the exchange (or its failure): PMI_FD gets its blocking mode back, and a watcher
     takes the connection (`_hold`) to send ``finalize`` when this process ends, so the
     rank's own exit status -- not a dropped connection, nor a missing ``finalize`` -- tells
@@ -456,14 +468,14 @@ def _release(sock, found: Offer, flags) -> None:
         import fcntl
 
         try:
-            fcntl.fcntl(found.fd, fcntl.F_SETFL, flags)
+            fcntl.fcntl(found.fd, fcntl.F_SETFL, flags)  # type: ignore[arg-type]  # "fd": fd set
         except OSError:
             pass
     if sock is not None:
         _hold(sock)
 
 
-def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout) -> str:
+def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout: float) -> str:
     """After a barrier timeout: which ranks' hosts never reached the service.
 
     Hydra's proxy keeps its ranks' puts until *all* of its node's ranks reached the barrier
@@ -471,6 +483,7 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
     too, even to rank 2). So a missing key names a rank that never came or shares a node
     with one; this rank itself certainly came.
     """
+    missing: "list[int] | None"
     missing = []
     try:
         for r in range(size):
