@@ -24,8 +24,15 @@ from __future__ import annotations
 from .description import FIELDS, PER_NODE, DistEnv
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
-def _with(env: DistEnv, changes: dict, why: str) -> DistEnv:
+    from .pmi import Exchange
+
+
+def _with(env: DistEnv, changes: "Mapping[str, object]", why: str) -> DistEnv:
     values = {f: getattr(env, f) for f in FIELDS}
     provenance = dict(env.provenance)
     for name, value in changes.items():
@@ -52,7 +59,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
             f"({env.provenance.get('world_size')}). Fix: run discovery in every rank of the job, "
             "and in no other process."
         )
-    nodes: list = []
+    nodes: "list[str]" = []
     for name in names:  # nodes ordered by their lowest rank
         if name not in nodes:
             nodes.append(name)
@@ -90,7 +97,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
 PMI_WHY = "PMI-1 key-value exchange"
 
 
-def _mpi_ready():
+def _mpi_ready() -> Any:
     """mpi4py's MPI module when this process already initialized MPI (else None): an
     allgather over it is then free of side effects, unlike importing mpi4py (MPI_Init)."""
     import sys
@@ -104,7 +111,7 @@ def _mpi_ready():
     return None
 
 
-def _from_exchange(env: DistEnv, ex) -> DistEnv:
+def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
     """`env` completed from a PMI exchange `ex` (distenv.pmi.Exchange)."""
     why = f"{PMI_WHY} (Hydra, {'PMI_FD' if ex.mode == 'fd' else '-pmi-port'})"
     if ex.kvsname and env.provenance.get("master_port", "").startswith("torch's default"):
@@ -143,7 +150,8 @@ def _from_exchange(env: DistEnv, ex) -> DistEnv:
     return from_hostnames(env, list(ex.hosts), why)
 
 
-def complete(env: "DistEnv | None" = None, *, need=("master_addr",), timeout=None) -> DistEnv:
+def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_addr",),
+             timeout: "float | None" = None) -> DistEnv:
     """`env` with the fields in `need` filled by asking the other ranks, when it must and can.
 
     * Every field in `need` known: `env` unchanged, no communication.
@@ -179,7 +187,8 @@ def complete(env: "DistEnv | None" = None, *, need=("master_addr",), timeout=Non
     return _from_exchange(env, pmi.exchange(timeout=timeout, found=found))
 
 
-def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *, timeout=None) -> DistEnv:
+def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *,
+             timeout: "float | None" = None) -> DistEnv:
     """Fill node rank, node count, host list and master address by asking the other ranks.
 
     Communicates: call it explicitly, on every rank. `method`: "mpi4py" (an MPI allgather
