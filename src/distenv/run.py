@@ -26,6 +26,13 @@ import sys
 from .description import PER_NODE
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
+
+    from .description import DistEnv
+
 USAGE = """\
 usage: distenv run [--nproc-per-node N|auto] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...
 
@@ -66,17 +73,18 @@ class Plan:
 
     __slots__ = ("argv", "environ", "env", "warnings", "mode")
 
-    def __init__(self, argv, environ, env, mode, warnings=()):
+    def __init__(self, argv: "Iterable[str]", environ: "dict[str, str]", env: DistEnv, mode: str,
+                 warnings: "Iterable[str]" = ()) -> None:
         self.argv, self.environ, self.env, self.mode = list(argv), environ, env, mode
         self.warnings = list(warnings)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Plan(mode={self.mode!r}, argv={self.argv!r})"
 
 
-def parse(argv) -> "tuple[dict, list[str]]":
+def parse(argv: "Iterable[str]") -> "tuple[dict[str, Any], list[str]]":
     """(options, command). Options end at the first word that is not one, or at ``--``."""
-    opts = {"nproc_per_node": None, "local_rank_arg": "none", "help": False}
+    opts: "dict[str, Any]" = {"nproc_per_node": None, "local_rank_arg": "none", "help": False}
     args = list(argv)
     i = 0
     while i < len(args):
@@ -114,7 +122,7 @@ def parse(argv) -> "tuple[dict, list[str]]":
     return opts, cmd
 
 
-def script_index(cmd) -> int:
+def script_index(cmd: "Sequence[str]") -> int:
     """Where a legacy ``--local-rank=N`` goes: right after the script (as torch.distributed.launch
     does: ``python -u script.py --local-rank=N args``), after ``-m module`` / ``-c code``
     for an interpreter, else right after the program."""
@@ -139,7 +147,7 @@ def script_index(cmd) -> int:
     return len(cmd)
 
 
-def with_local_rank(cmd, style: str, value: str) -> "list[str]":
+def with_local_rank(cmd: "Sequence[str]", style: str, value: str) -> "list[str]":
     flag = LOCAL_RANK_FLAGS[style]
     if flag is None:
         return list(cmd)
@@ -147,7 +155,7 @@ def with_local_rank(cmd, style: str, value: str) -> "list[str]":
     return [*cmd[:at], f"{flag}={value}", *cmd[at:]]
 
 
-def _interpreter(cmd) -> str:
+def _interpreter(cmd: "Sequence[str]") -> str:
     """The Python that runs torch.distributed.run: the command's own interpreter when the
     command is one (it is the one with the script's packages), else this one."""
     import shutil
@@ -159,7 +167,7 @@ def _interpreter(cmd) -> str:
     return sys.executable
 
 
-def _has_torch(python: str, environ) -> bool:
+def _has_torch(python: str, environ: "Mapping[str, str]") -> bool:
     """Can the interpreter the user named import torch? Answered in this process only when
     it is this very interpreter: two venvs' pythons are symlinks to one base Python (same
     real path) with different site-packages, so a different path is asked directly."""
@@ -187,10 +195,11 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # socket's answer is Any; AF_INET: (host, port)
+        return port
 
 
-def _how_else(env) -> str:
+def _how_else(env: DistEnv) -> str:
     world = f"{env.world_size}" if env.world_size else "<workers>"
     nproc = env.nproc_per_node or "<N>"
     from .sources import family
@@ -203,14 +212,15 @@ def _how_else(env) -> str:
     return "start one process per worker with your launcher"
 
 
-def _bound_cores():
+def _bound_cores() -> "int | None":
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
 
 
-def plan(argv, environ=None, discover: bool = False) -> Plan:
+def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
+         discover: bool = False) -> Plan:
     """Resolve and decide what to exec, without side effects (apart from finding a free
     port for a one-node per-node launch that has no job id to derive one from).
 
@@ -246,7 +256,7 @@ def plan(argv, environ=None, discover: bool = False) -> Plan:
             child[HELD_VAR] = held
     child["DISTENV_AUTO"] = "1"
     child["DISTENV_RUN"] = "1"
-    warnings = []
+    warnings: "list[str]" = []
     style = opts["local_rank_arg"]
 
     if env.launch != PER_NODE:
@@ -280,7 +290,8 @@ def plan(argv, environ=None, discover: bool = False) -> Plan:
     for name in PET_OVERRIDES:
         child.pop(name, None)
     cores = _bound_cores()
-    if cores is not None and cores < env.nproc_per_node and cores < (os.cpu_count() or cores):
+    # nproc_per_node is not None here: the loop over the per-node fields above raised otherwise
+    if cores is not None and cores < env.nproc_per_node and cores < (os.cpu_count() or cores):  # type: ignore[operator]
         warnings.append(
             f"this process is bound to {cores} CPU core(s) and its {env.nproc_per_node} workers "
             "inherit that binding: they will share it. Fix: let the launcher bind nothing "
@@ -296,7 +307,7 @@ def plan(argv, environ=None, discover: bool = False) -> Plan:
     return Plan(argv_, child, env, "torchrun", warnings)
 
 
-def main(argv=None) -> int:
+def main(argv: "Sequence[str] | None" = None) -> int:
     """Entry point of `distenv run`: returns only on error (the command replaces us)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -325,4 +336,4 @@ def main(argv=None) -> int:
     except OSError as exc:
         sys.stderr.write(f"distenv run: error: cannot run {p.argv[0]}: {exc.strerror}\n")
         return 126
-    return 0  # pragma: no cover - execvpe does not return
+    return 0  # type: ignore[unreachable]  # pragma: no cover - execvpe does not return
