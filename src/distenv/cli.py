@@ -19,8 +19,14 @@ import sys
 
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
 
-def _show(args) -> int:
+    from .description import DistEnv
+
+
+def _show(args: argparse.Namespace) -> int:
     from . import display
     from .resolver import resolve
 
@@ -59,7 +65,7 @@ def _show(args) -> int:
     return 0
 
 
-def _label(args, env, machine: bool) -> "str | None":
+def _label(args: argparse.Namespace, env: "DistEnv | None", machine: bool) -> "str | None":
     """The line prefix: --prefix/--no-prefix, else on in a distributed launch for text
     meant for people (off for JSON and one-line summaries, which name the rank)."""
     from .display import rank_label
@@ -77,11 +83,11 @@ def _write(text: str, label: "str | None") -> None:
     sys.stdout.flush()
 
 
-def summary(env) -> str:
+def summary(env: DistEnv) -> str:
     """One line: where this process stands, what launched it, where rank 0 listens."""
     from .description import PER_NODE
 
-    def of(a, b):
+    def of(a: object, b: object) -> str:
         return f"{'?' if a is None else a}/{'?' if b is None else b}"
 
     if env.launch == PER_NODE:
@@ -102,18 +108,18 @@ def summary(env) -> str:
     return " | ".join(shorten(p) for p in parts)
 
 
-def _strings(env):
+def _strings(env: DistEnv) -> "Iterator[str | None]":
     yield from (getattr(env, f) for f in ("launcher", "platform", "master_addr", "job_id"))
     yield from env.hosts or ()
     yield from env.provenance.values()
     yield from env.notes
 
 
-def _redacted(env):
+def _redacted(env: DistEnv) -> DistEnv:
     from .description import FIELDS, DistEnv
     from .redact import redact_text
 
-    def clean(value):
+    def clean(value: object) -> object:
         if isinstance(value, str):
             return redact_text(value)
         if isinstance(value, tuple):
@@ -125,7 +131,7 @@ def _redacted(env):
                    [redact_text(n) for n in env.notes])
 
 
-def _shortened(env):
+def _shortened(env: DistEnv) -> DistEnv:
     """`env` with long strings cut (display.shorten), for the table and --explain."""
     from .description import FIELDS, DistEnv
     from .display import shorten
@@ -136,21 +142,21 @@ def _shortened(env):
                    [shorten(n) for n in env.notes])
 
 
-def _export(args) -> int:
+def _export(args: argparse.Namespace) -> int:
     import shlex
 
     from .export import export
     from .resolver import resolve
 
     env = resolve()
-    scratch: dict = {}
+    scratch: "dict[str, str]" = {}
     export(env, scratch)
     for name, value in scratch.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0
 
 
-def _ranks(text: str):
+def _ranks(text: str) -> "frozenset[int] | str | None":
     from .display import parse_ranks
 
     try:
@@ -220,7 +226,7 @@ def version_line(version: str) -> str:
             f"(Python {sys.version.split()[0]})")
 
 
-def _doctor(args) -> int:
+def _doctor(args: argparse.Namespace) -> int:
     from .doctor import main as doctor_main
 
     return doctor_main(args)
@@ -230,7 +236,7 @@ def _doctor(args) -> int:
 _TOP_LEVEL = ("-h", "--help", "-V", "--version")
 
 
-def main(argv=None) -> int:
+def main(argv: "Iterable[str] | None" = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     auto = sys.modules.get("distenv.auto")
     if auto is not None:
@@ -246,7 +252,8 @@ def main(argv=None) -> int:
             argv = ["show", *argv]
         parser = build_parser()
         args = parser.parse_args(argv)
-        return args.func(args)
+        code: int = args.func(args)  # a Namespace attribute is Any: _show, _export or _doctor
+        return code
     except DistEnvError as exc:
         from .redact import redact_text
 
