@@ -35,6 +35,14 @@ from .description import PER_NODE
 from .errors import DistEnvError, split_fix
 from .redact import redact_environ, redact_text
 
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterable, Iterator, Mapping
+    from typing import Any
+
+    from .description import DistEnv
+
 # Paths, as module attributes so tests can point them at directories they control.
 INFINIBAND_DIR = "/sys/class/infiniband"
 NET_DEV = "/proc/net/dev"  # per network namespace (unlike /sys/class/net under nsenter)
@@ -43,7 +51,7 @@ HOSTS_FILE = "/etc/hosts"
 
 LEVELS = ("error", "warning", "info", "ok")
 
-def _launcher_prefixes() -> tuple:
+def _launcher_prefixes() -> "tuple[str, ...]":
     from .sources import prefixes  # every source names the variables it reads (`prefixes`)
 
     return prefixes()
@@ -64,10 +72,10 @@ SHOWN_NAMES = frozenset({
 
 
 class Report:
-    def __init__(self):
-        self.findings: list = []
+    def __init__(self) -> None:
+        self.findings: "list[dict[str, Any]]" = []  # level, topic, message, fix: JSON
 
-    def add(self, level: str, topic: str, message: str, fix: "str | None" = None):
+    def add(self, level: str, topic: str, message: str, fix: "str | None" = None) -> None:
         self.findings.append({"level": level, "topic": topic, "message": redact_text(message),
                               "fix": redact_text(fix) if fix else None})
 
@@ -81,7 +89,7 @@ def _read(path: str) -> "str | None":
         return None
 
 
-def rdma_devices(root: "str | None" = None) -> "list[dict]":
+def rdma_devices(root: "str | None" = None) -> "list[dict[str, Any]]":
     """RDMA devices (InfiniBand, RoCE, iWARP) and their ports' state and link layer."""
     root = INFINIBAND_DIR if root is None else root
     try:
@@ -105,7 +113,7 @@ def rdma_devices(root: "str | None" = None) -> "list[dict]":
     return out
 
 
-def _active(dev: dict) -> bool:
+def _active(dev: "Mapping[str, Any]") -> bool:
     # No port information: count the device as usable (we cannot tell otherwise).
     return not dev["ports"] or any((p["state"] or "ACTIVE") == "ACTIVE" for p in dev["ports"])
 
@@ -165,7 +173,7 @@ def hosts_lookup(name: str, path: "str | None" = None) -> "list[str]":
     return found
 
 
-def _ifname_spec(spec: str):
+def _ifname_spec(spec: str) -> "tuple[bool, bool, list[str]]":
     """NCCL_SOCKET_IFNAME syntax: '^' excludes, '=' asks exact names, else prefixes."""
     exclude = spec.startswith("^")
     body = spec[1:] if exclude else spec
@@ -174,17 +182,17 @@ def _ifname_spec(spec: str):
     return exclude, exact, [x.strip() for x in body.split(",") if x.strip()]
 
 
-def _ifname_matches(spec: str, names, force_exact=False) -> "list[str]":
+def _ifname_matches(spec: str, names: "Iterable[str]", force_exact: bool = False) -> "list[str]":
     exclude, exact, items = _ifname_spec(spec)
     exact = exact or force_exact
 
-    def hit(name):
+    def hit(name: str) -> bool:
         return any(name == i if exact else name.startswith(i) for i in items)
 
     return [n for n in names if (not hit(n)) == exclude]
 
 
-def _int(value) -> "int | None":
+def _int(value: object) -> "int | None":
     try:
         return int(str(value).split(",")[0].strip())
     except (TypeError, ValueError):
@@ -199,7 +207,7 @@ def _affinity() -> "int | None":
 
 
 # -- the checks ---------------------------------------------------------------------------
-def _check_launch(rep: Report, env, environ):
+def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> None:
     if env.launcher == "none" and env.launch != PER_NODE:
         rep.add("info", "launch", "not launched distributed: a single process "
                 f"({env.provenance.get('launcher')}).")
@@ -247,7 +255,7 @@ def _check_launch(rep: Report, env, environ):
                     "shows what is known)")
 
 
-def _check_gpus(rep: Report, env, environ) -> dict:
+def _check_gpus(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> "dict[str, Any]":
     from .gpus import visible_gpus
 
     count, why = visible_gpus(environ)
@@ -282,7 +290,7 @@ def _check_gpus(rep: Report, env, environ) -> dict:
     return info
 
 
-def _check_cpu(rep: Report, env, environ) -> dict:
+def _check_cpu(rep: Report, env: "DistEnv | None", environ: "Mapping[str, str]") -> "dict[str, Any]":
     total = os.cpu_count() or 1
     bound = _affinity() or total
     per_node = env is not None and env.launch == PER_NODE
@@ -323,7 +331,7 @@ def _check_cpu(rep: Report, env, environ) -> dict:
     return info
 
 
-def _passed_on(env, name: str, value) -> str:
+def _passed_on(env: "DistEnv | None", name: str, value: object) -> str:
     """How a variable exported in the job script reaches every rank, for this launcher."""
     launcher = env.launcher if env is not None else None
     if launcher == "openmpi":
@@ -333,17 +341,18 @@ def _passed_on(env, name: str, value) -> str:
     return ""
 
 
-def _truthy(value) -> bool:
+def _truthy(value: object) -> bool:
     return str(value).strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _check_network(rep: Report, env, environ) -> dict:
+def _check_network(rep: Report, env: "DistEnv | None", environ: "Mapping[str, str]"
+                   ) -> "dict[str, Any]":
     devices = rdma_devices()
     active = [d for d in devices if _active(d)]
     ifaces = interfaces()
     multi = env is not None and env.is_distributed and (env.num_nodes is None or env.num_nodes > 1)
 
-    def describe(d):
+    def describe(d: "Mapping[str, Any]") -> str:
         ports = ", ".join(f"port {p['port']} {p['state'] or '?'}"
                           + (f" {p['link_layer']}" if p["link_layer"] else "") for p in d["ports"])
         return f"{d['device']} ({ports})" if ports else d["device"]
@@ -398,7 +407,7 @@ def _check_network(rep: Report, env, environ) -> dict:
             iface = route[0]
             missing = [v for v in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if v not in environ]
             others = [i for i in ifaces if i not in ("lo", iface)]
-            text = f"rank 0 ({master}{' = ' + addr if addr != master else ''}) is reached through {iface} (route {route[1]})."
+            text = f"rank 0 ({master}{' = ' + addr if addr != master else ''}) is reached through {iface} (route {route[1]})."  # type: ignore[operator]  # addr is set: route came from it
             if missing and others:
                 rep.add("info", "network", text + f" Other interfaces here: {', '.join(others)}.",
                         " ".join(f"export {v}={iface}" for v in missing)
@@ -446,7 +455,7 @@ def _check_network(rep: Report, env, environ) -> dict:
     return info
 
 
-def _probe(rep: Report, env, timeout: float) -> dict:
+def _probe(rep: Report, env: DistEnv, timeout: float) -> "dict[str, Any]":
     import errno
     import socket
     import threading
@@ -460,9 +469,9 @@ def _probe(rep: Report, env, timeout: float) -> dict:
         out["result"] = "skipped: unknown address"
         return out
     host, port = env.master_addr, env.master_port
-    box: dict = {}
+    box: "dict[str, Any]" = {}
 
-    def lookup():
+    def lookup() -> None:
         try:
             box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
@@ -497,7 +506,7 @@ def _probe(rep: Report, env, timeout: float) -> dict:
                 "a firewall or a missing route drops the connection.",
                 "open the port between the nodes, or pick an address on the network the nodes share.")
     except OSError as exc:
-        out["result"] = errno.errorcode.get(exc.errno, str(exc.errno))
+        out["result"] = errno.errorcode.get(exc.errno, str(exc.errno))  # type: ignore[arg-type]  # errno None: .get gives the default
         rep.add("error", "probe", f"cannot reach {host}:{port} ({sockaddr[0]}): {exc.strerror}.",
                 "check the route to rank 0's node, or set MASTER_ADDR to an address it listens on.")
     finally:
@@ -507,20 +516,21 @@ def _probe(rep: Report, env, timeout: float) -> dict:
     return out
 
 
-def diagnose(environ=None, probe: bool = False, timeout: float = 2.0,
-             versions: bool = False) -> dict:
+def diagnose(environ: "Mapping[str, str] | None" = None, probe: bool = False, timeout: float = 2.0,
+             versions: bool = False) -> "dict[str, Any]":
     """The report as a dict (what ``--json`` prints); with `versions`, the ``versions``
     section too (`versions()`: may start the launcher's ``--version``)."""
     return _diagnose(environ, probe, timeout, versions)[1]
 
 
-def _diagnose(environ, probe: bool, timeout: float, with_versions: bool):
+def _diagnose(environ: "Mapping[str, str] | None", probe: bool, timeout: float, with_versions: bool
+              ) -> "tuple[DistEnv | None, dict[str, Any]]":
     """(the resolved DistEnv or None, the report)."""
     from .resolver import resolve
 
     environ = dict(os.environ if environ is None else environ)
     rep = Report()
-    out: dict = {"launch": None, "provenance": None, "notes": [], "error": None}
+    out: "dict[str, Any]" = {"launch": None, "provenance": None, "notes": [], "error": None}
     env = None
     try:
         env = resolve(environ)
@@ -559,7 +569,7 @@ def _diagnose(environ, probe: bool, timeout: float, with_versions: bool):
     return env, out
 
 
-def exit_code(report: dict) -> int:
+def exit_code(report: "Mapping[str, Any]") -> int:
     """2: the environment cannot be resolved (as every distenv command); 1: a finding is an
     error; 0 otherwise."""
     if report.get("error"):
@@ -591,7 +601,7 @@ _JOB_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "PRTE_", "HYDRA_", "I_MPI_HYDRA", "MP
 VERSION_TIMEOUT = 3.0
 
 
-def _distribution_versions() -> dict:
+def _distribution_versions() -> "dict[str, str]":
     from importlib import metadata
 
     found = {}
@@ -605,7 +615,7 @@ def _distribution_versions() -> dict:
     return found
 
 
-def _ancestors(limit: int = 12):
+def _ancestors(limit: int = 12) -> "Iterator[tuple[int, str | None, str]]":
     """(pid, executable, name) of this process's parents, nearest first (/proc)."""
     pid = os.getpid()
     for _ in range(limit):
@@ -625,7 +635,7 @@ def _ancestors(limit: int = 12):
         yield pid, exe, (_read(f"/proc/{pid}/comm") or "").strip()
 
 
-def _launcher_command(launcher: str):
+def _launcher_command(launcher: str) -> "tuple[str, str] | None":
     """(argv0, how it was found) of the launcher's command, or None."""
     import shutil
 
@@ -655,7 +665,7 @@ def _first_version_line(text: str) -> "str | None":
     return lines[0] if lines else None
 
 
-def launcher_version(launcher: str, environ) -> dict:
+def launcher_version(launcher: str, environ: "Mapping[str, str]") -> "dict[str, str | None]":
     """{"version", "source"}: the launcher's own version, where it says it."""
     if launcher == "openmpi" and environ.get("OMPI_VERSION"):
         return {"version": f"Open MPI {environ['OMPI_VERSION']}", "source": "OMPI_VERSION"}
@@ -693,7 +703,7 @@ def launcher_version(launcher: str, environ) -> dict:
     return {"version": line, "source": f"`{command} --version`; {how}"}
 
 
-def versions(env, environ=None) -> dict:
+def versions(env: "DistEnv | None", environ: "Mapping[str, str] | None" = None) -> "dict[str, Any]":
     """distenv, Python, installed frameworks (metadata only: no framework is imported) and
     the launcher's own version."""
     import sys
@@ -701,15 +711,15 @@ def versions(env, environ=None) -> dict:
     from . import __version__
 
     environ = os.environ if environ is None else environ
-    out = {"distenv": f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})",
-           "python": f"{sys.version.split()[0]} ({sys.executable})",
-           "packages": _distribution_versions(), "launcher": None}
+    out: "dict[str, Any]" = {"distenv": f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})",
+                             "python": f"{sys.version.split()[0]} ({sys.executable})",
+                             "packages": _distribution_versions(), "launcher": None}
     if env is not None and env.launcher != "none":
         out["launcher"] = {"name": env.launcher, **launcher_version(env.launcher, environ)}
     return out
 
 
-def render(report: dict) -> str:
+def render(report: "Mapping[str, Any]") -> str:
     """The human-readable report."""
     from .description import FIELDS
 
@@ -766,7 +776,7 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
-def summary(report: dict) -> str:
+def summary(report: "Mapping[str, Any]") -> str:
     """One line: status, counts, the first error (else warning) and its fix."""
     from .display import shorten
 
@@ -780,7 +790,7 @@ def summary(report: dict) -> str:
     return line
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     """`distenv doctor`: every rank checks; the ranks chosen by --ranks (default one per
     node) print the report. A rank not chosen still prints its one-line summary when its
     check fails: an error is never hidden."""
