@@ -45,7 +45,13 @@ import zlib
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
-def _log():
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from logging import Logger
+    from typing import Any
+
+def _log() -> "Logger":
     from .log import get_logger
 
     return get_logger(__name__)
@@ -60,11 +66,12 @@ JAX_SHUTDOWN_TIMEOUT = 300
 #: loaded machine a few seconds can pass between two of them.
 MIN_HEARTBEAT = 10
 
-_last: dict = {}  # the plan of the last initialize(), for inspection
+_last: "dict[str, Any]" = {}  # the plan of the last initialize(), for inspection
 
 
 # -- decisions (pure: unit-tested on recorded environments) ------------------------------------
-def _inputs(env, environ) -> "tuple[DistEnv, object]":
+def _inputs(env: "DistEnv | Mapping[str, str] | None", environ: "Mapping[str, str] | None"
+            ) -> "tuple[DistEnv, Mapping[str, str]]":
     if env is not None and not isinstance(env, DistEnv):
         environ, env = env, None
     src = os.environ if environ is None else environ
@@ -89,7 +96,8 @@ def processes(d: DistEnv) -> "tuple[int | None, int | None, str]":
     return d.world_size, d.rank, f"per-process launch: rank {d.rank} of world_size {d.world_size}"
 
 
-def coordinator_port(d: DistEnv, environ=None, port: "int | None" = None) -> "tuple[int, str]":
+def coordinator_port(d: DistEnv, environ: "Mapping[str, str] | None" = None,
+                     port: "int | None" = None) -> "tuple[int, str]":
     """(port, why) for the coordinator service process 0 hosts.
 
     `port`, else JAX_COORDINATOR_PORT (JAX's own variable), else DISTENV_KERAS_PORT, else the
@@ -113,7 +121,8 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def device_plan(d: DistEnv, environ=None, torch_imported: "bool | None" = None) -> dict:
+def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
+                torch_imported: "bool | None" = None) -> "dict[str, Any]":
     """How this process binds its devices, without JAX: ``{"cuda_visible_devices": str|None
     (narrow to this), "local_device_ids": list, "cpu_devices": int|None, "why": str}``."""
     from .gpus import visible_gpus
@@ -122,7 +131,7 @@ def device_plan(d: DistEnv, environ=None, torch_imported: "bool | None" = None) 
     if torch_imported is None:
         torch_imported = "torch" in sys.modules
     count, seen = visible_gpus(src)
-    out = {"cuda_visible_devices": None, "local_device_ids": [], "cpu_devices": None}
+    out: "dict[str, Any]" = {"cuda_visible_devices": None, "local_device_ids": [], "cpu_devices": None}
     if count == 0:
         nproc = d.nproc_per_node or 1
         user = ("xla_force_host_platform_device_count" in src.get("XLA_FLAGS", "")
@@ -158,6 +167,7 @@ def device_plan(d: DistEnv, environ=None, torch_imported: "bool | None" = None) 
         out["why"] = why + ("" if count == 1 else " (CUDA_VISIBLE_DEVICES left alone: torch is "
                                                  "imported here and may have initialised CUDA)")
         return out
+    assert index is not None  # count > 0 here (0 returned above): choose_device gave a device
     ids = [x.strip() for x in visible.split(",")][:count] if visible else [str(i) for i in range(count)]
     out["cuda_visible_devices"] = ids[index]
     out["local_device_ids"] = [0]
@@ -165,7 +175,8 @@ def device_plan(d: DistEnv, environ=None, torch_imported: "bool | None" = None) 
     return out
 
 
-def timeouts(environ=None, timeout: "float | None" = None) -> "tuple[float, str]":
+def timeouts(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None
+             ) -> "tuple[float, str]":
     """(seconds every process waits for the others, why): `timeout`, else DISTENV_TIMEOUT,
     else 180 (`distenv.knobs.timeout`)."""
     from . import knobs
@@ -180,15 +191,18 @@ def timeouts(environ=None, timeout: "float | None" = None) -> "tuple[float, str]
                                 else "the default (DISTENV_TIMEOUT unset)")
 
 
-def plan(env=None, *, environ=None, port: "int | None" = None, timeout: "float | None" = None,
-         coordinator_address: "str | None" = None, num_processes: "int | None" = None,
-         process_id: "int | None" = None, local_device_ids=None, discover: bool = False) -> dict:
+def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
+         environ: "Mapping[str, str] | None" = None, port: "int | None" = None,
+         timeout: "float | None" = None, coordinator_address: "str | None" = None,
+         num_processes: "int | None" = None, process_id: "int | None" = None,
+         local_device_ids: "int | Sequence[int] | None" = None, discover: bool = False
+         ) -> "dict[str, Any]":
     """What `initialize()` would give `jax.distributed.initialize`, without JAX (pure unless
     `discover`): ``{"coordinator_address", "num_processes", "process_id", "local_device_ids",
     "cuda_visible_devices", "cpu_devices", "timeout", "env", "why": {...}}``. Explicit values
     win; JAX_COORDINATOR_ADDRESS counts as explicit (JAX itself reads it)."""
     d, src = _inputs(env, environ)
-    why: dict = {}
+    why: "dict[str, str]" = {}
     seconds, why["timeout"] = timeouts(src, timeout)
     if discover and d.is_distributed and d.launch != PER_NODE and (
             (d.master_addr is None and coordinator_address is None
@@ -258,12 +272,12 @@ def _split(address: str) -> "tuple[str, int]":
     return host.strip("[]"), int(port)
 
 
-def _hosts(found: dict) -> str:
+def _hosts(found: "Mapping[int, str]") -> str:
     names = sorted(set(found.values()))
     return ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
 
 
-def _ranges(ids) -> str:
+def _ranges(ids: "Iterable[object]") -> str:
     ids = list(ids)
     shown = ", ".join(map(str, ids[:20]))
     return shown + (f", ... ({len(ids)} in all)" if len(ids) > 20 else "")
@@ -288,7 +302,8 @@ def preflight(address: str, num_processes: int, process_id: int, timeout: float,
     return time.monotonic() - t0
 
 
-def _serve(host, port, key, n, deadline, timeout, address) -> None:
+def _serve(host: str, port: int, key: str, n: int, deadline: float, timeout: float,
+           address: str) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -304,7 +319,7 @@ def _serve(host, port, key, n, deadline, timeout, address) -> None:
         ) from None
     listener.listen(max(128, n))
     listener.settimeout(0.2)
-    came: dict = {}   # process id -> (connection, host)
+    came: "dict[int, tuple[socket.socket, str]]" = {}   # process id -> (connection, host)
     try:
         while len(came) < n - 1:
             left = deadline - time.monotonic()
@@ -344,7 +359,8 @@ def _serve(host, port, key, n, deadline, timeout, address) -> None:
         listener.close()
 
 
-def _visit(host, port, key, n, me_id, me, deadline, timeout, address, what) -> None:
+def _visit(host: str, port: int, key: str, n: int, me_id: int, me: str, deadline: float,
+           timeout: float, address: str, what: str) -> None:
     hello = f"distenv-jax {key} {me_id} {me}\n"
     reached = False
     while True:
@@ -386,7 +402,7 @@ def _visit(host, port, key, n, me_id, me, deadline, timeout, address, what) -> N
     )
 
 
-def _read_line(conn, wait: float) -> str:
+def _read_line(conn: socket.socket, wait: float) -> str:
     conn.settimeout(wait)
     data = b""
     end = time.monotonic() + wait
@@ -401,7 +417,7 @@ def _read_line(conn, wait: float) -> str:
     return data.decode("ascii", "replace").strip()
 
 
-def _send(conn, text: str) -> None:
+def _send(conn: socket.socket, text: str) -> None:
     try:
         conn.sendall(text.encode())
     except OSError:
@@ -409,7 +425,7 @@ def _send(conn, text: str) -> None:
 
 
 # -- the call ---------------------------------------------------------------------------------
-def _apply_devices(p: dict, jax) -> None:
+def _apply_devices(p: "dict[str, Any]", jax: "Any") -> None:
     """Write what the plan says before JAX creates its backends."""
     cuda = p["cuda_visible_devices"]
     if cuda is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != cuda:
@@ -431,10 +447,12 @@ def _apply_devices(p: dict, jax) -> None:
             pass
 
 
-def _call(original, p: dict, extra: dict, preflight_on: bool = True):
+def _call(original: "Any", p: "dict[str, Any]", extra: "dict[str, Any]",
+          preflight_on: bool = True) -> "Any":
     """Pre-flight, then `original` (jax.distributed.initialize) with the plan's arguments."""
     import inspect
 
+    accepted: "set[str] | None"
     try:
         accepted = set(inspect.signature(original).parameters)
     except (TypeError, ValueError):
@@ -459,9 +477,11 @@ def _call(original, p: dict, extra: dict, preflight_on: bool = True):
 
 
 def initialize(coordinator_address: "str | None" = None, num_processes: "int | None" = None,
-               process_id: "int | None" = None, local_device_ids=None, *, env=None,
-               port: "int | None" = None, timeout: "float | None" = None, preflight: bool = True,
-               **kwargs) -> dict:
+               process_id: "int | None" = None,
+               local_device_ids: "int | Sequence[int] | None" = None, *,
+               env: "DistEnv | Mapping[str, str] | None" = None, port: "int | None" = None,
+               timeout: "float | None" = None, preflight: bool = True,
+               **kwargs: "Any") -> "dict[str, Any]":
     """Start JAX's distributed runtime for this launch; returns the plan used (see `plan`).
 
     Call it before any JAX computation. Arguments named like `jax.distributed.initialize`'s win
@@ -491,7 +511,7 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
 
 
 # -- zero code ----------------------------------------------------------------------------------
-_original = None
+_original: "Any" = None  # JAX's own jax.distributed.initialize while patched
 
 
 def patch() -> None:
@@ -510,7 +530,7 @@ def patch() -> None:
     signature = inspect.signature(current)
 
     @functools.wraps(current)
-    def initialize(*args, **kwargs):
+    def initialize(*args: "Any", **kwargs: "Any") -> "Any":
         given = signature.bind_partial(*args, **kwargs).arguments
         named = {k: given.pop(k) for k in ("coordinator_address", "num_processes", "process_id",
                                            "local_device_ids") if given.get(k) is not None}
@@ -525,7 +545,7 @@ def patch() -> None:
         p["initialized"] = True
         return _call(current, p, given)
 
-    initialize._distenv = True
+    initialize._distenv = True  # type: ignore[attr-defined]  # a marker on the wrapper
     _original = current
     jax.distributed.initialize = initialize
 
