@@ -41,11 +41,16 @@ import tempfile
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
 #: Callback class name -> the attribute holding the path it writes.
 PATH_ATTRS = {"ModelCheckpoint": "filepath", "TensorBoard": "log_dir", "CSVLogger": "filename"}
 
 
-def _resolve(env) -> DistEnv:
+def _resolve(env: "DistEnv | Mapping[str, str] | None") -> DistEnv:
     if isinstance(env, DistEnv):
         return env
     from .resolver import resolve
@@ -53,12 +58,13 @@ def _resolve(env) -> DistEnv:
     return resolve(env)
 
 
-def is_chief(env=None) -> bool:
+def is_chief(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     """True on the worker that writes the user's paths: the TF_CONFIG chief (or worker 0)
     when `distenv.tensorflow.strategy()` built the cluster, else global rank 0."""
     tf_adapter = sys.modules.get("distenv.tensorflow")
     if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
-        return tf_adapter.is_chief()
+        chief: bool = tf_adapter.is_chief()  # a sys.modules module's attribute is Any
+        return chief
     d = _resolve(env)
     if not d.is_distributed:
         return True
@@ -69,11 +75,11 @@ def is_chief(env=None) -> bool:
     return d.is_main
 
 
-def worker_index(env=None) -> int:
+def worker_index(env: "DistEnv | Mapping[str, str] | None" = None) -> int:
     """This worker's index (global rank; node rank for a per-node launch)."""
     tf_adapter = sys.modules.get("distenv.tensorflow")
     if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
-        index = tf_adapter._last["plan"].get("index")
+        index: "int | None" = tf_adapter._last["plan"].get("index")
         if index is not None:
             return index
     d = _resolve(env)
@@ -81,7 +87,7 @@ def worker_index(env=None) -> int:
     return 0 if value is None else value
 
 
-def is_distributed(env=None) -> bool:
+def is_distributed(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     """True when more than one worker trains (the TF cluster's workers, else the launch's)."""
     tf_adapter = sys.modules.get("distenv.tensorflow")
     if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
@@ -89,16 +95,17 @@ def is_distributed(env=None) -> bool:
     return _resolve(env).is_distributed
 
 
-def verbose(default="auto", env=None):
+def verbose(default: "int | str" = "auto", env: "DistEnv | Mapping[str, str] | None" = None
+            ) -> "int | str":
     """The `verbose` to give `fit`/`evaluate`: `default` on the chief, 0 elsewhere."""
     return default if is_chief(env) else 0
 
 
-def _class_names(cb) -> "list[str]":
+def _class_names(cb: "Any") -> "list[str]":
     return [k.__name__ for k in type(cb).__mro__]
 
 
-def _flavour_of(cb) -> str:
+def _flavour_of(cb: "Any") -> str:
     for k in type(cb).__mro__:
         root = k.__module__.split(".", 1)[0]
         if root in ("tf_keras", "keras"):
@@ -106,7 +113,7 @@ def _flavour_of(cb) -> str:
     return "keras"
 
 
-def _multi_worker_strategy(strategy) -> bool:
+def _multi_worker_strategy(strategy: "Any") -> bool:
     if strategy is None:
         tf_adapter = sys.modules.get("distenv.tensorflow")
         if tf_adapter is not None:
@@ -122,9 +129,9 @@ def _multi_worker_strategy(strategy) -> bool:
 class _Scratch:
     """One private temporary directory per process, removed at train end and at exit."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.path = None
+        self.path: "str | None" = None
 
     def make(self) -> str:
         if self.path is None:
@@ -138,13 +145,13 @@ class _Scratch:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _redirect(cb, attr: str, scratch: _Scratch) -> None:
+def _redirect(cb: "Any", attr: str, scratch: _Scratch) -> None:
     original = str(getattr(cb, attr))
     name = os.path.basename(original.rstrip("/\\")) or attr
     setattr(cb, attr, os.path.join(scratch.make(), name))
 
 
-def _per_worker_backup(cb, index: int) -> None:
+def _per_worker_backup(cb: "Any", index: int) -> None:
     base = str(cb.backup_dir)
     mine = os.path.join(base, f"worker-{index}")
     cb.backup_dir = mine
@@ -159,7 +166,7 @@ def _per_worker_backup(cb, index: int) -> None:
             setattr(cb, attr, getattr(cb, src) + ".bkp")
 
 
-def _keras_module(flavour: str):
+def _keras_module(flavour: str) -> "Any":
     if flavour == "tf_keras":
         import tf_keras
 
@@ -175,33 +182,34 @@ def _guess_flavour() -> str:
     return "keras"
 
 
-def _cleanup_callback(keras, scratch: _Scratch):
-    class DistenvCleanup(keras.callbacks.Callback):
+def _cleanup_callback(keras: "Any", scratch: _Scratch) -> "Any":
+    class DistenvCleanup(keras.callbacks.Callback):  # type: ignore[misc]  # Keras is Any here
         """Re-creates the private directory before training, removes it after."""
 
-        def on_train_begin(self, logs=None):
+        def on_train_begin(self, logs: "dict[str, Any] | None" = None) -> None:
             if scratch.path is not None:
                 os.makedirs(scratch.path, exist_ok=True)
 
-        def on_train_end(self, logs=None):
+        def on_train_end(self, logs: "dict[str, Any] | None" = None) -> None:
             scratch.remove()
 
     return DistenvCleanup()
 
 
-def _silent_progbar(keras):
-    class SilentProgbarLogger(keras.callbacks.ProgbarLogger):
+def _silent_progbar(keras: "Any") -> "Any":
+    class SilentProgbarLogger(keras.callbacks.ProgbarLogger):  # type: ignore[misc]  # Keras is Any here
         """Takes the progress bar's place on a non-chief worker and prints nothing."""
 
-        def set_params(self, params):
+        def set_params(self, params: "dict[str, Any]") -> None:
             super().set_params(params)
             self.verbose = 0
 
     return SilentProgbarLogger()
 
 
-def callbacks(cbs=None, *, env=None, strategy=None, chief: "bool | None" = None,
-              quiet: bool = True) -> list:
+def callbacks(cbs: "Iterable[Any] | None" = None, *,
+              env: "DistEnv | Mapping[str, str] | None" = None, strategy: "Any" = None,
+              chief: "bool | None" = None, quiet: bool = True) -> "list[Any]":
     """The user's callbacks made chief-aware (see the module docstring); a new list.
 
     A single worker gets its callbacks back unchanged. `chief` overrides the chief test
@@ -217,7 +225,7 @@ def callbacks(cbs=None, *, env=None, strategy=None, chief: "bool | None" = None,
     flavours = {_flavour_of(cb) for cb in cbs if "Callback" in _class_names(cb)}
     flavour = flavours.pop() if len(flavours) == 1 else _guess_flavour()
     scratch = _Scratch(index)
-    out = []
+    out: "list[Any]" = []
     for cb in cbs:
         names = _class_names(cb)
         if "BackupAndRestore" in names and hasattr(cb, "backup_dir"):
@@ -244,7 +252,9 @@ def callbacks(cbs=None, *, env=None, strategy=None, chief: "bool | None" = None,
 
 
 # -- keras.distribution (Keras 3, JAX backend) ------------------------------------------------
-def initialize_args(env=None, *, environ=None, port: "int | None" = None) -> dict:
+def initialize_args(env: "DistEnv | Mapping[str, str] | None" = None, *,
+                    environ: "Mapping[str, str] | None" = None, port: "int | None" = None
+                    ) -> "dict[str, Any]":
     """The arguments `initialize()` gives `keras.distribution.initialize`, without Keras:
     ``{"job_addresses": "<process 0's host>:<port>", "num_processes": N, "process_id": i}``,
     from `distenv.jax.plan` (one JAX process per worker, or per node in a per-node launch).
@@ -255,7 +265,9 @@ def initialize_args(env=None, *, environ=None, port: "int | None" = None) -> dic
     return _args(env, environ=environ, port=port)
 
 
-def _args(env=None, *, environ=None, port=None, discover=False) -> dict:
+def _args(env: "DistEnv | Mapping[str, str] | None" = None, *,
+          environ: "Mapping[str, str] | None" = None, port: "int | None" = None,
+          discover: bool = False) -> "dict[str, Any]":
     from .jax import plan
 
     p = plan(env, environ=environ, port=port, discover=discover)
@@ -263,7 +275,8 @@ def _args(env=None, *, environ=None, port=None, discover=False) -> dict:
             "process_id": p["process_id"]}
 
 
-def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False) -> dict:
+def initialize(env: "DistEnv | Mapping[str, str] | None" = None, *, port: "int | None" = None,
+               set_environ: bool = False) -> "dict[str, Any]":
     """Call `keras.distribution.initialize` with the launch's coordinator, size and index.
 
     Keras 3 implements it for the JAX backend only: it starts `jax.distributed` and agrees on
@@ -316,7 +329,7 @@ def initialize(env=None, *, port: "int | None" = None, set_environ: bool = False
 PER_RANK, GLOBAL = "per-rank", "global"
 
 
-def data_parallel(data: str = PER_RANK, devices=None):
+def data_parallel(data: str = PER_RANK, devices: "Any" = None) -> "Any":
     """`keras.distribution.DataParallel` over every device of every process, its dataset
     sharding set for how the script feeds data:
 
