@@ -12,19 +12,28 @@ from .cluster import CHIEFS, _inputs, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
 from .preflight import rendezvous
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import ModuleType
+    from typing import Any
+
+    from ..description import DistEnv
+
 
 class TooLateError(RuntimeError):
     """TensorFlow initialised its devices before `strategy()` could configure them."""
 
 
-def _hooks():
+def _hooks() -> "ModuleType":
     """The package namespace: `tf_initialized` and `keras_problem` are looked up there, so
     that replacing ``distenv.tensorflow.tf_initialized`` (tests, a user's override) holds
     for every module of the package."""
     return sys.modules[__package__]
 
 
-def plan(env=None, *, environ=None, **tf_config_kwargs) -> dict:
+def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
+         environ: "Mapping[str, str] | None" = None, **tf_config_kwargs: "Any") -> "dict[str, Any]":
     """What `strategy()` would do here, without importing TensorFlow.
 
     ``{"kind": "default"|"mirrored"|"multi_worker"|"parameter_server", "tf_config",
@@ -38,7 +47,8 @@ def plan(env=None, *, environ=None, **tf_config_kwargs) -> dict:
     gpus = visible_gpus(src)[0] if cuda is None else len(cuda.split(","))
     single = not src.get("TF_CONFIG") and not (d.launcher in ("gcp", "vertex")) and (
         (d.launch != PER_NODE and d.world_size == 1) or (d.launch == PER_NODE and d.num_nodes == 1))
-    out = {"env": d, "cuda_visible_devices": cuda, "cuda_why": cuda_why, "threads": thread_counts(d)}
+    out: "dict[str, Any]" = {"env": d, "cuda_visible_devices": cuda, "cuda_why": cuda_why,
+                             "threads": thread_counts(d)}
     if single:
         out.update(kind="mirrored" if gpus > 1 else "default", tf_config=None, workers=[],
                    index=0, communication=None)
@@ -57,12 +67,14 @@ def plan(env=None, *, environ=None, **tf_config_kwargs) -> dict:
 
 
 
-_last: dict = {}
+_last: "dict[str, Any]" = {}
 
 
-def strategy(env=None, *, communication: str = "auto", timeout: "float | None" = None,
-             set_tf_config: bool = False, allow_keras3: bool = False, threads: bool = True,
-             hostfile=None, gather=None, base_port=None, **kwargs):
+def strategy(env: "DistEnv | Mapping[str, str] | None" = None, *, communication: str = "auto",
+             timeout: "float | None" = None, set_tf_config: bool = False,
+             allow_keras3: bool = False, threads: bool = True, hostfile: "str | None" = None,
+             gather: "bool | str | None" = None, base_port: "int | None" = None,
+             **kwargs: "Any") -> "Any":
     """The `tf.distribute` strategy for this launch; call it before any other TensorFlow call.
 
     `communication`: "auto" (NCCL with GPUs, else RING), "ring", "nccl". `timeout`: seconds
@@ -127,7 +139,7 @@ def strategy(env=None, *, communication: str = "auto", timeout: "float | None" =
     return result
 
 
-def _parameter_server(tf, resolver, task, **kwargs):
+def _parameter_server(tf: "Any", resolver: "Any", task: "dict[str, Any]", **kwargs: "Any") -> "Any":
     if task["type"] == "evaluator":
         return tf.distribute.get_strategy()  # a side-car evaluator trains nothing
     if task["type"] in ("worker", "ps"):
@@ -147,11 +159,11 @@ def _too_late(what: str, who: str = "distenv.tensorflow.strategy()",
             f"Fix: {fix}.")
 
 
-def is_chief(env=None) -> bool:
+def is_chief(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     """True on the worker that writes checkpoints and logs (chief, else worker 0)."""
     p = _last.get("plan")
     if p is not None and env is None:
-        config = p["tf_config"]
+        config: "dict[str, Any] | None" = p["tf_config"]
     else:
         d, _ = _inputs(env, None)
         try:
@@ -163,5 +175,6 @@ def is_chief(env=None) -> bool:
     task = config["task"]
     if config["cluster"].get("chief") or config["cluster"].get("master"):
         return task["type"] in CHIEFS
-    return task["type"] == "worker" and task.get("index", 0) == 0
+    first: bool = task["type"] == "worker" and task.get("index", 0) == 0  # TF_CONFIG values: Any
+    return first
 
