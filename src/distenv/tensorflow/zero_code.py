@@ -16,13 +16,20 @@ from .devices import GPU_SLICE_VAR
 from .preflight import rendezvous
 from .strategies import TooLateError, _hooks, _too_late, plan
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+    from typing import Any
+
+    from ..description import DistEnv
+
 log = logging.getLogger("distenv.tensorflow")
 
 #: What `patch()` did (None before its first call): see `patch_environ`.
-_patched: "dict | None" = None
+_patched: "dict[str, Any] | None" = None
 
 
-def patch_environ(environ=None) -> dict:
+def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[str, Any]":
     """The environment half of `patch()`, without TensorFlow: fix `environ` (default
     ``os.environ``) so that a plain ``tf.distribute.MultiWorkerMirroredStrategy()`` joins the
     launch, and say what could not be fixed.
@@ -50,9 +57,10 @@ def patch_environ(environ=None) -> dict:
     from ..gpus import visible_gpus
     from ..resolver import resolve
 
-    src = _environ(environ)
+    # _environ gives back `environ` itself (or os.environ), typed as a read-only Mapping: written below
+    src: "MutableMapping[str, str]" = _environ(environ)  # type: ignore[assignment]
     d = resolve(src)
-    out = {"env": None, "tf_config": None, "written": {}, "threads": None, "problem": None}
+    out: "dict[str, Any]" = {"env": None, "tf_config": None, "written": {}, "threads": None, "problem": None}
     if not d.is_distributed:
         return out
     out["env"] = d
@@ -90,6 +98,7 @@ def patch_environ(environ=None) -> dict:
                 "distenv.tensorflow.patch()", "import distenv.auto (or set DISTENV_AUTO=1) before "
                 "any TensorFlow call, or set CUDA_VISIBLE_DEVICES per process yourself"), False)
         elif "torch" in sys.modules:
+            assert d.local_world_size is not None  # gpu_assignment slices only for several local processes
             out["problem"] = (DistEnvError, (
                 f"CUDA_VISIBLE_DEVICES was left alone because torch is imported in this process "
                 f"(narrowing it could move torch's GPUs), so this TensorFlow worker would use every "
@@ -106,7 +115,7 @@ def patch_environ(environ=None) -> dict:
     return out
 
 
-def patch():
+def patch() -> "DistEnv | None":
     """Zero code for TensorFlow: a plain ``tf.distribute.MultiWorkerMirroredStrategy()`` joins
     the launch (``DISTENV_AUTO=1`` / ``import distenv.auto`` call it right after the script
     imports TensorFlow; a script may call it itself, before any TensorFlow call).
@@ -130,7 +139,8 @@ def patch():
     """
     global _patched
     if _patched is not None:
-        return _patched["env"]
+        env: "DistEnv | None" = _patched["env"]  # the state's values are Any
+        return env
     state = patch_environ(os.environ)
     _patched = state
     if state["env"] is not None:
@@ -147,21 +157,22 @@ def patch():
         if tf.config.threading.get_inter_op_parallelism_threads() == 0:
             tf.config.threading.set_inter_op_parallelism_threads(inter)
     _wrap_mwms(tf.distribute.MultiWorkerMirroredStrategy)
-    return state["env"]
+    env = state["env"]
+    return env
 
 
-def _wrap_mwms(cls) -> None:
+def _wrap_mwms(cls: "Any") -> None:
     if getattr(cls.__init__, "_distenv_patched", False):
         return
     original = cls.__init__
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: "Any", *args: "Any", **kwargs: "Any") -> None:
         resolver = kwargs.get("cluster_resolver", args[0] if args else None)
         _before_mwms(resolver)
         original(self, *args, **kwargs)
 
-    __init__._distenv_patched = True
-    __init__.__wrapped__ = original
+    __init__._distenv_patched = True  # type: ignore[attr-defined]  # markers on the wrapper
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     __init__.__doc__ = original.__doc__
     __init__.__name__ = original.__name__
     __init__.__qualname__ = original.__qualname__
@@ -181,10 +192,10 @@ def unpatch() -> None:
             cls.__init__ = cls.__init__.__wrapped__
 
 
-_rendezvous_done: list = []
+_rendezvous_done: "list[int]" = []
 
 
-def _before_mwms(resolver) -> None:
+def _before_mwms(resolver: "Any") -> None:
     """The checks of a MultiWorkerMirroredStrategy built from TF_CONFIG (see `patch()`)."""
     if resolver is not None:
         own = sys.modules["tensorflow"].distribute.cluster_resolver.TFConfigClusterResolver
