@@ -32,24 +32,6 @@ def test_wrong_hand_computed_node_rank_is_caught():
         resolve(slurm_task(1, 4, 1, 0, 2, "n[1-2]", "2(x2)", NODE_RANK="1"))
 
 
-# Four launchers in one test (sources/mvapich2.py, pals.py, flux.py, lsf.py), kept whole under
-# its name; split, it would be one test in each of their files in tests/unit/sources/.
-def test_mvapich2_pals_flux_lsf():
-    mv = resolve({"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "2",
-                  "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "2"})
-    assert mv.launcher == "mvapich2" and mv.local_rank == 1
-    pals = resolve({"PALS_RANKID": "5", "PMI_RANK": "5", "PMI_SIZE": "8", "PALS_LOCAL_RANKID": "1",
-                    "PALS_LOCAL_SIZE": "4", "PALS_NODEID": "1", "PALS_APID": "a1", "PBS_JOBID": "42.pbs"})
-    assert (pals.launcher, pals.rank, pals.world_size, pals.node_rank) == ("pals", 5, 8, 1)
-    assert pals.local_world_size == 4 and pals.master_addr is None
-    flux = resolve({"FLUX_TASK_RANK": "2", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "0",
-                    "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f123"})
-    assert (flux.launcher, flux.rank, flux.num_nodes, flux.local_world_size) == ("flux", 2, 2, None)
-    lsf = resolve({"JSM_NAMESPACE_RANK": "1", "JSM_NAMESPACE_SIZE": "2", "JSM_NAMESPACE_LOCAL_RANK": "1",
-                   "JSM_NAMESPACE_LOCAL_SIZE": "2", "LSB_JOBID": "7"})
-    assert (lsf.launcher, lsf.num_nodes, lsf.master_addr) == ("lsf", 1, "127.0.0.1")
-
-
 @pytest.mark.parametrize("value", ["abc", "-1", "", "1.5", "٣", "1_0", "99999999999999", " "])
 def test_non_numeric_rank_names_the_variable(value):
     with pytest.raises(DistEnvError) as err:
