@@ -108,10 +108,17 @@ def clues(text: str, limit: int = 120) -> str:
 def run(argv, env_extra=None, timeout=TIMEOUT, label=""):
     # PYTHONFAULTHANDLER: a process killed by SIGABRT/SIGSEGV/SIGBUS/SIGFPE/SIGILL prints every
     # thread's Python stack first (the signal and exit status are unchanged).
-    env = harness.clean_env({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env_extra or {})})
+    token = f"{os.getpid()}-zero-code-{time.monotonic_ns()}"
+    env = harness.clean_env({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env_extra or {}),
+                             harness.RUN_TOKEN: token})
     t0 = time.monotonic()
-    p = subprocess.run(["timeout", "-k", "5", str(timeout), *argv], env=env, capture_output=True, text=True,
-                       timeout=timeout + 30, stdin=subprocess.DEVNULL, cwd="/tmp")
+    try:
+        p = subprocess.run(["timeout", "-k", "5", str(timeout), *argv], env=env, capture_output=True,
+                           text=True, timeout=timeout + 30, stdin=subprocess.DEVNULL, cwd="/tmp")
+    finally:
+        left = harness.reap(token)  # nothing a run started outlives it (a hung rank keeps its port)
+    if left:
+        print(f"\n[{label}: killed {len(left)} process(es) left running: {left}]", end=" ")
     TIMES[label] = round(time.monotonic() - t0, 1)
     print(f"\n[{label}: {TIMES[label]} s, exit {p.returncode}]", end=" ")
     if p.returncode != 0:
