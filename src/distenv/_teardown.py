@@ -107,6 +107,19 @@ def guard() -> None:
     setattr(dist, "destroy_process_group", destroy_process_group)
 
 
+def spec_from_others(me: "Any", name: str, path: "Any", target: "Any") -> "Any":
+    """The spec the meta-path finders other than `me` give for `name` (None if none does):
+    what an import hook that only wraps loaders (this one, distenv.auto's) asks."""
+    for finder in list(sys.meta_path):
+        find = getattr(finder, "find_spec", None)
+        if finder is me or find is None:
+            continue
+        spec = find(name, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
 class _GuardFinder:
     """Finds nothing itself: for ``torch.distributed``, wraps the loader the other finders
     return so that `guard` runs once the module's body did; then leaves sys.meta_path."""
@@ -114,14 +127,7 @@ class _GuardFinder:
     def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if name != "torch.distributed":
             return None
-        spec = None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                break
+        spec = spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _GuardLoader(spec.loader)

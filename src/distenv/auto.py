@@ -182,16 +182,9 @@ class _Finder:
                   target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name not in HOOKS:
             return None
-        spec: "ModuleSpec | None" = None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                break
+        from ._teardown import spec_from_others
+
+        spec: "ModuleSpec | None" = spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _Loader(spec.loader, name)  # type: ignore[assignment]  # a Loader by duck typing (importlib.abc costs start-up time)
