@@ -1,19 +1,23 @@
 """Optional discovery: ask the other ranks for what the launcher did not reveal.
 
 Resolution never communicates. Some launchers leave fields unknown across nodes (MPICH and
-Open MPI give no node index; MPICH gives no head-node address). Two ways to fill them, only
-when called, after every rank started:
+Open MPI give no node index; MPICH and Open MPI 5 give no head-node address). Two ways to
+fill them, only when called, after every rank started:
 
 * `complete(env, need=...)` -- what the adapters call before they communicate: returns `env`
   unchanged when the fields in `need` are known; otherwise, when the launcher offers a
-  key-value service (Hydra's PMI-1: MPICH, Intel MPI; see `distenv.pmi`), every rank
-  publishes its host name there, one barrier, and the answer fills master address, node
-  rank, node count, local counts, host list and the host of every rank (provenance
-  "PMI-1 key-value exchange"); otherwise `env` unchanged (the caller's error names
-  MASTER_ADDR).
+  service that knows the placement, the answer fills master address, node rank, node count,
+  local counts, host list and the host of every rank:
+  - Hydra's PMI-1 (MPICH, Intel MPI; `distenv.pmi`): every rank publishes its host name, one
+    barrier, every rank reads all (provenance "PMI-1 key-value exchange");
+  - PMIx (Open MPI 4 and 5, PRRTE, ``srun --mpi=pmix``; `distenv.pmix`): every rank reads
+    every rank's host from its own launcher daemon, no rank waits for another (provenance
+    "PMIx placement");
+  otherwise `env` unchanged (the caller's error names MASTER_ADDR).
 * `discover(env, method=...)` -- the explicit call: "mpi4py" (an MPI allgather of host
-  names; the default, as before), "pmi" (the key-value exchange) or "auto" (mpi4py when MPI
-  is already initialized here, else the exchange when offered, else mpi4py).
+  names; the default, as before), "pmi" (the key-value exchange), "pmix" (the PMIx server)
+  or "auto" (mpi4py when MPI is already initialized here, else PMI-1 or PMIx when offered,
+  else mpi4py).
 
     env = distenv.discover()            # node_rank, num_nodes, hosts, master_addr filled
     env.export()
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .pmi import Exchange
+    from .pmix import Placement
 
 
 def _with(env: DistEnv, changes: "Mapping[str, object]", why: str) -> DistEnv:
@@ -150,6 +155,75 @@ def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
     return from_hostnames(env, list(ex.hosts), why)
 
 
+#: The provenance of every field the PMIx server's placement fills.
+PMIX_WHY = "PMIx placement"
+
+
+def _from_pmix(env: DistEnv, got: "Placement", server: str = "") -> DistEnv:
+    """`env` completed from the PMIx server's placement `got` (distenv.pmix.Placement): the
+    host of every rank (pmix.hname), from which `from_hostnames` proves the rest."""
+    why = f"{PMIX_WHY} (pmix.hname of every rank{', ' + server if server else ''})"
+    if env.launch == PER_NODE:
+        # One process per node (DISTENV_NPROC_PER_NODE under mpirun/srun): the ranks are nodes.
+        if len(set(got.hosts)) != got.size:
+            raise DistEnvError(
+                f"a per-node launch, but the PMIx server places {got.size} processes on "
+                f"{len(set(got.hosts))} hosts ({', '.join(sorted(set(got.hosts))[:8])}). Fix: "
+                "start one process per node (mpirun --map-by ppr:1:node, srun --ntasks-per-node=1), "
+                "or unset DISTENV_NPROC_PER_NODE.")
+        for field, found in (("node_rank", got.rank), ("num_nodes", got.size)):
+            known = getattr(env, field)
+            if known is not None and known != found:
+                raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
+                                   f"the {why}: {found}. " + STALE)
+        return _with(env, {"node_rank": got.rank, "num_nodes": got.size, "hosts": tuple(got.hosts),
+                           "master_addr": env.master_addr or got.hosts[0]}, why)
+    if env.rank is not None and env.rank != got.rank:
+        raise DistEnvError(f"rank={env.rank} ({env.provenance.get('rank')}) but the PMIx server "
+                           f"says rank {got.rank}: the launch is not this job. " + STALE)
+    if env.world_size is None:
+        env = _with(env, {"world_size": got.size}, why)
+    return from_hostnames(env, list(got.hosts), why)
+
+
+def _pmix(env: DistEnv, timeout: "float | None", strict: bool) -> "DistEnv | None":
+    """`env` completed by the PMIx server when this process may use one (else None). Not
+    `strict` (complete()): no loadable library leaves `env` as it was, with a warning saying
+    what was tried; anything else the server does wrong raises."""
+    from . import pmix
+
+    before_exec = pmix.inherited()  # `distenv run` queried, then exec'ed this program
+    if before_exec is not None:
+        return _from_pmix(env, before_exec)
+    found, why_not = pmix.offer()
+    if found is None:
+        if strict:
+            raise pmix.PMIxError(f"the launcher's PMIx service cannot be used here: {why_not}. "
+                                 "Fix: set MASTER_ADDR (and NODE_RANK).")
+        if env.launcher in ("openmpi", "slurm"):
+            from .log import get_logger
+
+            get_logger(__name__).debug(f"no PMIx query: {why_not}")
+        return None
+    try:
+        got = pmix.query(timeout=timeout, found=found)
+    except pmix.PMIxUnavailable as exc:
+        if strict:
+            raise
+        from .log import get_logger
+
+        get_logger(__name__).warning(f"PMIx cannot fill the unknown fields: {exc}")
+        return DistEnv(env.to_dict(), env.provenance, [*env.notes, f"PMIx: {exc}"])
+    return _from_pmix(env, got, found.server)
+
+
+def _pmix_strict(env: DistEnv, timeout: "float | None") -> DistEnv:
+    completed = _pmix(env, timeout, strict=True)
+    if completed is None:  # strict: _pmix answers or raises
+        raise DistEnvError("the PMIx service gave no answer. Fix: set MASTER_ADDR (and NODE_RANK).")
+    return completed
+
+
 def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_addr",),
              timeout: "float | None" = None) -> DistEnv:
     """`env` with the fields in `need` filled by asking the other ranks, when it must and can.
@@ -161,6 +235,10 @@ def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_a
       rank reads all (collective: every rank must call it). Provenance "PMI-1 key-value
       exchange". `timeout` seconds (default DISTENV_TIMEOUT, else 180): a rank that never
       comes makes the others raise `DistEnvError` naming it.
+    * The launcher is a PMIx server (Open MPI 4/5, PRRTE, ``srun --mpi=pmix``; see
+      `distenv.pmix` for the guards and the library): every rank's host from this rank's
+      daemon, no collective. Provenance "PMIx placement". No loadable library: `env`
+      unchanged, a warning naming what was tried.
     * Otherwise: `env` unchanged (the caller's own error then says what to set).
     """
     if env is None:
@@ -183,7 +261,8 @@ def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_a
             from .log import get_logger
 
             get_logger(__name__).debug(f"no key-value exchange: {why_not}")
-        return env
+        completed = _pmix(env, timeout, strict=False)
+        return env if completed is None else completed
     return _from_exchange(env, pmi.exchange(timeout=timeout, found=found))
 
 
@@ -193,17 +272,18 @@ def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *,
 
     Communicates: call it explicitly, on every rank. `method`: "mpi4py" (an MPI allgather
     of host names; imports mpi4py, which initializes MPI), "pmi" (the launcher's key-value
-    service, standard library only: Hydra's PMI-1 under MPICH and Intel MPI), or "auto"
-    (mpi4py when MPI is already initialized here, else the key-value service when the
-    launcher offers one, else mpi4py).
+    service, standard library only: Hydra's PMI-1 under MPICH and Intel MPI), "pmix" (the
+    launcher's PMIx server through its own libpmix: Open MPI 4 and 5, PRRTE, srun
+    --mpi=pmix), or "auto" (mpi4py when MPI is already initialized here, else PMI-1 or PMIx
+    when the launcher offers one, else mpi4py).
     """
     if env is None:
         from .resolver import resolve
 
         env = resolve()
-    if method not in ("mpi4py", "pmi", "auto"):
+    if method not in ("mpi4py", "pmi", "pmix", "auto"):
         raise DistEnvError(f"unknown discovery method {method!r}. Fix: pass method='mpi4py', "
-                           "'pmi' or 'auto'.")
+                           "'pmi', 'pmix' or 'auto'.")
     if method == "auto":
         if _mpi_ready() is not None:
             method = "mpi4py"
@@ -213,7 +293,19 @@ def discover(env: "DistEnv | None" = None, method: str = "mpi4py", *,
             found, _ = pmi.offer()
             if found is not None:
                 return _from_exchange(env, pmi.exchange(timeout=timeout, found=found))
+            from . import pmix
+
+            if pmix.inherited() is not None or pmix.offer()[0] is not None:
+                try:
+                    return _pmix_strict(env, timeout)
+                except pmix.PMIxUnavailable:
+                    import importlib.util
+
+                    if importlib.util.find_spec("mpi4py") is None:
+                        raise  # its message says which libraries were tried
             method = "mpi4py"
+    if method == "pmix":
+        return _pmix_strict(env, timeout)
     if method == "pmi":
         from . import pmi
 

@@ -1,0 +1,555 @@
+"""The launcher's PMIx service: where every rank runs, under Open MPI 4/5, PRRTE and ``srun --mpi=pmix``.
+
+Every rank Open MPI starts (4: ORTE's ``orted``/``mpirun``; 5: PRRTE's ``prted``/``prterun``),
+and every task of ``srun --mpi=pmix``, is a PMIx client of the daemon that started it:
+``PMIX_NAMESPACE``, ``PMIX_RANK`` and ``PMIX_SERVER_URI*`` are in its environment. PMIx is a
+binary protocol spoken through the C library ``libpmix``; this module calls that library with
+`ctypes` (standard library only, no compiler), and only when those variables are present.
+
+What it reads (measured on the two namespace nodes, LAUNCHERS.md section 7):
+
+* ``PMIx_Init`` gives this process's namespace and rank; ``pmix.job.size`` (rank WILDCARD)
+  the job's size; ``pmix.hname`` of every rank its host. Job-level data the server hands every
+  client at init: the reads are answered locally (about 1-40 ms for the whole job here).
+* From the host of every rank, `distenv.discovery.from_hostnames` proves the rest: master
+  address (rank 0's host), nodes ordered by their lowest rank, node count, local counts.
+* Not used, measured wrong: ``pmix.num.nodes`` read 4 on some ranks of a 2-node Open MPI 5
+  job; ``pmix.nodeid`` follows the allocation, not the lowest rank (node2 = 1 while it holds
+  rank 0), and failed (-46) for remote ranks under Open MPI 4 and SLURM.
+
+Which library: the one the launcher's own server uses, never a guess that could be another
+MPI's (a second, different libpmix in a process that later loads its MPI's breaks MPI_Init).
+In order (`candidates`): a libpmix already mapped in this process (an MPI loaded it: it must
+be that one); the libpmix mapped by the parent process -- the launcher's daemon, the PMIx
+server itself (``/proc/<ppid>/maps``: Debian's Open MPI 4 maps the system ``libpmix.so.2``,
+Open MPI 5 ``<prefix>/lib/openmpi/libpmix.so.2``, measured); the prefix the server exports
+(``PMIX_PREFIX``, set by PRRTE, measured); the directory of the daemon's executable; and,
+only under SLURM's ``slurmstepd`` (whose maps a non-root task cannot read), the dynamic
+linker's ``libpmix.so.2``. None loads: `PMIxError` naming what was tried; `complete()`
+then leaves the fields unknown.
+
+A later MPI_Init in the same process (mpi4py, Horovod, any MPI program): what works differs
+by server (measured, LAUNCHERS.md section 7, and `tests/integration/test_pmix_discovery.py`):
+
+* Open MPI 4 (ORTE; its libmpi uses this same system libpmix, so the library is shared and
+  ``PMIx_Init`` is reference-counted): a client finalized before MPI_Init makes MPI_Init
+  fail, one never finalized makes mpirun report the rank "exiting improperly", and a child
+  process's client, finalized, also makes the parent's MPI_Init fail. So the query runs in
+  this process (``mode="in-process"``), stays initialized, and an `atexit` handler finalizes
+  it -- after mpi4py's own MPI_Finalize (atexit runs last-registered first, and mpi4py
+  registers when imported, after discovery).
+* Open MPI 5 (PRRTE, PMIx 5): a client kept open makes MPI_Init fail ("local rank ... Not
+  found (-13)"), one finalized in this process makes it crash ("double free"). A child
+  process that queries and finalizes leaves MPI_Init in the parent working. So the query
+  runs in a fresh interpreter (``mode="child"``, started with ``subprocess``: no fork of a
+  threaded parent) and nothing of PMIx is ever loaded here. The same for SLURM and any other
+  server.
+
+Guards (a client that is not the rank would speak for it): only a process the PMIx server
+started itself -- its parent is the daemon (`SERVERS`: ``orted``, ``mpirun``/``orterun``/
+``mpiexec`` (Open MPI 4 on its own node), ``prted``/``prterun``/``prte`` (Open MPI 5,
+PRRTE), ``slurmstepd``). A child of a rank (a DataLoader worker, a subprocess) has the rank as
+its parent and never qualifies, whatever it inherited; a rank started through a wrapper
+script that does not ``exec`` neither. A process that ran the query never runs it again (the
+answer is kept); ``distenv run`` passes ``DISTENV_PMIX_HELD`` to the command it execs (same
+pid: it completes from that). ``DISTENV_PMIX=0`` turns it off.
+
+Never called by `resolve()`: `distenv.discovery.complete()` calls it where communication is
+about to happen anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .errors import DistEnvError
+
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    import ctypes
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+#: The process names (/proc/<pid>/comm) of PMIx servers that start ranks themselves, by kind.
+#: Open MPI 4 on mpirun's own node: mpirun is the server (comm "mpirun", exe orterun, measured).
+SERVERS = {
+    "orted": "orte", "mpirun": "orte", "orterun": "orte", "mpiexec": "orte",
+    "prted": "prrte", "prterun": "prrte", "prte": "prrte",
+    "slurmstepd": "slurm",
+}
+#: The environment variable `distenv run` passes to the command it execs.
+HELD_VAR = "DISTENV_PMIX_HELD"
+#: PMIx's soname (PMIx 2 to 5 keep ABI major 2).
+SONAME = "libpmix.so.2"
+
+# pmix_common.h (PMIx 4.2 and 5.0 agree on these)
+PMIX_MAX_NSLEN = 255
+PMIX_RANK_WILDCARD = 0xFFFFFFFE
+PMIX_ERR_NOT_FOUND = -46
+#: pmix_data_type_t -> (struct format, size) of the value at the union (offset 8)
+_INTS = {4: "N", 6: "i", 7: "b", 8: "h", 9: "i", 10: "q", 11: "I", 12: "B", 13: "H", 14: "I",
+         15: "Q", 40: "I"}  # SIZE, INT, INT8..64, UINT, UINT8..64, PROC_RANK
+PMIX_STRING = 3
+
+
+class PMIxError(DistEnvError):
+    """The PMIx service could not be used or its answer makes no sense."""
+
+
+class PMIxUnavailable(PMIxError):
+    """No library of the launcher's PMIx could be loaded: the fields stay unknown."""
+
+
+class Offer:
+    """How to reach this process's PMIx server: `libs` to try in order, the server's `kind`."""
+
+    __slots__ = ("nspace", "rank", "kind", "server", "libs", "tried", "why")
+
+    def __init__(self, nspace: str, rank: int, kind: str, server: str, libs: "list[str]",
+                 tried: "list[str]", why: str) -> None:
+        self.nspace, self.rank, self.kind, self.server = nspace, rank, kind, server
+        self.libs, self.tried, self.why = libs, tried, why
+
+    @property
+    def mode(self) -> str:
+        """"in-process" (Open MPI 4's ORTE) or "child" (everything else): see the module doc."""
+        return "in-process" if self.kind == "orte" else "child"
+
+    def __repr__(self) -> str:
+        return f"Offer({self.kind!r}, {self.libs!r})"
+
+
+class Placement:
+    """What the service said: ``hosts[r]`` is rank r's host name."""
+
+    __slots__ = ("rank", "size", "hosts", "nspace", "lib", "version", "mode", "seconds")
+
+    def __init__(self, rank: int, size: int, hosts: "list[str]", nspace: str, lib: str,
+                 version: str, mode: str, seconds: float) -> None:
+        self.rank, self.size, self.hosts, self.nspace = rank, size, hosts, nspace
+        self.lib, self.version, self.mode, self.seconds = lib, version, mode, seconds
+
+    def __repr__(self) -> str:
+        return f"Placement(rank={self.rank}, size={self.size}, hosts={self.hosts!r}, lib={self.lib!r})"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def mapped(maps_text: str) -> "list[str]":
+    """The libpmix files in a /proc/<pid>/maps text, in order of first mapping. Only
+    ``libpmix.so*`` names: PMIx servers also map their lock files (``.../dstore_sm.lock``)."""
+    found: "list[str]" = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6:
+            path = parts[5].strip()
+            if os.path.basename(path).startswith("libpmix.so") and path not in found:
+                found.append(path)
+    return found
+
+
+def candidates(environ: "Mapping[str, str]", kind: str, parent: int,
+               own_maps: "str | None" = None, parent_maps: "str | None" = None,
+               parent_exe: "str | None" = None,
+               exists: "Any" = os.path.exists) -> "tuple[list[str], list[str]]":
+    """(libraries to try, in order; what was looked at and found nothing) -- see the module doc.
+    The maps and exe are read from /proc unless given (tests)."""
+    libs: "list[str]" = []
+    tried: "list[str]" = []
+
+    def add(path: str, where: str) -> None:
+        if path in libs:
+            return
+        if exists(path):
+            libs.append(path)
+        else:
+            tried.append(f"{path} ({where}: no such file)")
+
+    own = mapped(_read("/proc/self/maps") if own_maps is None else own_maps)
+    if own:  # an MPI in this process loaded one: a second, different copy breaks it
+        return own[:1], tried
+    server = mapped(_read(f"/proc/{parent}/maps") if parent_maps is None else parent_maps)
+    for path in server:
+        add(path, f"mapped by the PMIx server, pid {parent}")
+    if not server:
+        tried.append(f"/proc/{parent}/maps (the server's libraries: none readable)")
+    prefix = environ.get("PMIX_PREFIX", "").strip()
+    if prefix.startswith("/"):
+        for sub in ("lib/openmpi", "lib", "lib64"):
+            add(os.path.join(prefix, sub, SONAME), "PMIX_PREFIX")
+    if parent_exe is None:
+        try:
+            parent_exe = os.readlink(f"/proc/{parent}/exe")
+        except OSError:
+            parent_exe = ""
+    if parent_exe.startswith("/") and kind != "slurm":
+        root = os.path.dirname(os.path.dirname(parent_exe))
+        for sub in ("lib/openmpi", "lib", "lib64"):
+            add(os.path.join(root, sub, SONAME), f"beside the server's executable {parent_exe}")
+    if kind == "slurm" and not libs:
+        # SLURM's pmix plugin links the system's libpmix: the dynamic linker's finds it
+        libs.append(SONAME)
+    return libs, tried
+
+
+def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
+    """(how to reach the service, "") or (None, why not). Reads /proc: call it only where
+    communication is about to happen."""
+    environ = os.environ if environ is None else environ
+    if environ.get("DISTENV_PMIX", "").strip().lower() in ("0", "no", "off", "false"):
+        return None, "DISTENV_PMIX=0"
+    nspace, rank = environ.get("PMIX_NAMESPACE", ""), environ.get("PMIX_RANK", "").strip()
+    if not nspace or not any(k.startswith("PMIX_SERVER_URI") for k in environ):
+        return None, "no PMIx server (PMIX_NAMESPACE and PMIX_SERVER_URI* are not set)"
+    if not rank.isdigit():
+        return None, f"PMIX_RANK={environ.get('PMIX_RANK')!r} is not a rank"
+    held = environ.get(HELD_VAR)
+    if held:
+        pid = held.split(";", 1)[0]
+        if pid != str(os.getpid()):
+            return None, (f"{HELD_VAR}: the service belongs to process {pid}, an ancestor of "
+                          "this one")
+        return None, f"{HELD_VAR}: this process used the service before it exec'ed"
+    parent = os.getppid()
+    name = _read(f"/proc/{parent}/comm").strip()
+    kind = SERVERS.get(name)
+    if kind is None:
+        return None, (f"the parent process ({parent}, {name or 'unknown'}) is not a PMIx "
+                      "server (orted, prted, slurmstepd, ...): the PMIx variables were "
+                      "inherited from an ancestor (start the program with `exec` from a "
+                      "wrapper script)")
+    libs, tried = candidates(environ, kind, parent)
+    why = f"PMIx server {name} (pid {parent})"
+    return Offer(nspace, int(rank), kind, name, libs, tried, why), ""
+
+
+# -- the library ------------------------------------------------------------------------------
+def _types() -> "tuple[Any, Any]":
+    """pmix_proc_t and pmix_value_t (pmix_common.h): the proc's nspace is char[256] then a
+    uint32 rank; a value is a uint16 type, then a union at offset 8 (a pointer for strings)."""
+    import ctypes
+
+    class Proc(ctypes.Structure):
+        _fields_ = [("nspace", ctypes.c_char * (PMIX_MAX_NSLEN + 1)), ("rank", ctypes.c_uint32)]
+
+    class Value(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_uint16), ("_pad", ctypes.c_uint8 * 6),
+                    ("data", ctypes.c_uint8 * 24)]
+
+    return Proc, Value
+
+
+def decode(vtype: int, data: bytes) -> "int | str | None":
+    """A pmix_value_t's contents: `vtype` and the union's bytes (for PMIX_STRING: the bytes
+    of the NUL-terminated string the pointer points at). Integers by their own width;
+    anything else None (not a type this client reads)."""
+    import struct
+
+    if vtype == PMIX_STRING:
+        return data.split(b"\0", 1)[0].decode("utf-8", "replace")
+    fmt = _INTS.get(vtype)
+    if fmt is None:
+        return None
+    value: int = struct.unpack_from("=" + fmt, data)[0]
+    return value
+
+
+class _Lib:
+    """One loaded libpmix (ctypes) and its client state."""
+
+    def __init__(self, path: str) -> None:
+        import ctypes
+
+        # RTLD_GLOBAL: an MPI loaded later binds its own references to this same copy
+        self.cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        self.path = path
+        self.Proc, self.Value = _types()
+        c = self.cdll
+        c.PMIx_Init.restype = c.PMIx_Finalize.restype = c.PMIx_Get.restype = ctypes.c_int
+        c.PMIx_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        c.PMIx_Finalize.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        c.PMIx_Get.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.c_void_p]
+        c.PMIx_Get_version.restype = ctypes.c_char_p
+        c.PMIx_Initialized.restype = ctypes.c_int
+        self.me = self.Proc()
+
+    def version(self) -> str:
+        raw = self.cdll.PMIx_Get_version()
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else "?"
+
+    def initialized(self) -> bool:
+        return bool(self.cdll.PMIx_Initialized())
+
+    def init(self) -> None:
+        import ctypes
+
+        rc = self.cdll.PMIx_Init(ctypes.byref(self.me), None, 0)
+        if rc != 0:
+            raise PMIxError(f"PMIx_Init failed with status {rc} ({self.path})")
+
+    def finalize(self) -> int:
+        rc: int = self.cdll.PMIx_Finalize(None, 0)
+        return rc
+
+    def get(self, rank: int, key: str) -> "int | str | None":
+        """`key` of `rank` in this process's namespace; None when the server has none."""
+        import ctypes
+
+        proc = self.Proc()
+        proc.nspace = self.me.nspace
+        proc.rank = rank
+        out = ctypes.POINTER(self.Value)()
+        rc = self.cdll.PMIx_Get(ctypes.byref(proc), key.encode(), None, 0, ctypes.byref(out))
+        if rc == PMIX_ERR_NOT_FOUND:
+            return None
+        if rc != 0 or not out:
+            raise PMIxError(f"PMIx_Get({key!r}, rank {rank}) failed with status {rc}")
+        value = out.contents
+        raw = bytes(value.data)
+        if value.type == PMIX_STRING:
+            ptr = ctypes.c_void_p.from_buffer_copy(raw[:ctypes.sizeof(ctypes.c_void_p)]).value
+            raw = ctypes.string_at(ptr) if ptr else b""
+        return decode(value.type, raw)
+
+
+def _query(lib: _Lib) -> "tuple[int, int, list[str], str]":
+    """(rank, size, host of every rank, nspace) from an initialized client."""
+    rank = int(lib.me.rank)
+    nspace = lib.me.nspace.decode(errors="replace")
+    size = lib.get(PMIX_RANK_WILDCARD, "pmix.job.size")
+    if not isinstance(size, int) or size < 1 or rank >= size:
+        raise PMIxError(f"the PMIx server gave job size {size!r} for rank {rank}")
+    hosts: "list[str]" = []
+    for r in range(size):
+        host = lib.get(r, "pmix.hname")
+        if not isinstance(host, str) or not host:
+            raise PMIxError(f"the PMIx server gave no host (pmix.hname) for rank {r} of {size}")
+        hosts.append(host)
+    return rank, size, hosts, nspace
+
+
+_done: "tuple[int, Placement] | None" = None  # (pid, answer): one query per process
+_kept: "_Lib | None" = None  # the in-process client, finalized at exit
+
+
+def _finalize_at_exit() -> None:
+    global _kept
+    lib, _kept = _kept, None
+    if lib is not None and _done is not None and _done[0] == os.getpid():
+        lib.finalize()
+
+
+def _in_process(found: Offer, timeout: float) -> "tuple[Placement, _Lib, bool]":
+    """Load, init and read here, in a thread joined with `timeout` (a call into the library
+    cannot be interrupted; a server that never answers must not hang the rank)."""
+    import threading
+
+    box: "dict[str, Any]" = {}
+
+    def work() -> None:
+        try:
+            lib = _load(found.libs, found.tried)
+            box["lib"] = lib
+            was = lib.initialized()  # an MPI of this process initialized it already
+            lib.init()
+            box["was"] = was
+            box["answer"] = _query(lib)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    start = time.monotonic()
+    t = threading.Thread(target=work, name="distenv-pmix", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
+                        "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR.")
+    if "error" in box:
+        raise box["error"]
+    lib = box["lib"]
+    rank, size, hosts, nspace = box["answer"]
+    if box["was"]:  # reference-counted: give back only our own init, MPI keeps its own
+        lib.finalize()
+    return Placement(rank, size, hosts, nspace, lib.path, lib.version(), "in-process",
+                     time.monotonic() - start), lib, box["was"]
+
+
+def _load(libs: "Sequence[str]", tried: "Sequence[str]") -> _Lib:
+    errors = list(tried)
+    for path in libs:
+        try:
+            return _Lib(path)
+        except (OSError, AttributeError) as exc:  # not loadable / not a libpmix
+            errors.append(f"{path} ({str(exc)[:200]})")
+    raise PMIxUnavailable("no PMIx library of this launcher could be loaded; tried: "
+                    + ("; ".join(errors) or "nothing to try")
+                    + ". Fix: set MASTER_ADDR (and NODE_RANK), or DISTENV_PMIX=0.")
+
+
+#: What the child interpreter runs (mode "child"): the query, finalize, one JSON line.
+_CHILD = """\
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from distenv import pmix
+print(json.dumps(pmix._child_main(sys.argv[2:])))
+"""
+
+
+def _child_main(libs: "list[str]") -> "dict[str, Any]":
+    """The child's side of mode "child": the answer or the error, as a dict."""
+    try:
+        lib = _load(libs, [])
+        lib.init()
+        try:
+            rank, size, hosts, nspace = _query(lib)
+        finally:
+            lib.finalize()
+        return {"rank": rank, "size": size, "hosts": hosts, "nspace": nspace, "lib": lib.path,
+                "version": lib.version()}
+    except DistEnvError as exc:
+        return {"error": str(exc), "unavailable": isinstance(exc, PMIxUnavailable)}
+
+
+def _in_child(found: Offer, timeout: float) -> Placement:
+    import json
+    import subprocess
+    import sys
+
+    start = time.monotonic()
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # -S -E -s: a bare interpreter (nothing from site or PYTHON* runs before the query);
+    # distenv is found through `src`. The environment (PMIX_*) is this process's.
+    argv = [sys.executable, "-S", "-E", "-s", "-c", _CHILD, src, *found.libs]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
+                        "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
+                        "MASTER_ADDR.") from None
+    except OSError as exc:
+        raise PMIxError(f"could not start the PMIx query process ({exc}). Fix: set "
+                        "MASTER_ADDR (and NODE_RANK).") from None
+    lines = p.stdout.strip().splitlines()
+    try:
+        got = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        got = None
+    if not isinstance(got, dict):
+        raise PMIxError(f"the PMIx query process failed (exit {p.returncode}): "
+                        f"{(p.stderr or p.stdout).strip()[-300:]!r}. Fix: set MASTER_ADDR "
+                        "(and NODE_RANK), or DISTENV_PMIX=0.")
+    if "error" in got:
+        tried = "; ".join(found.tried)
+        error = PMIxUnavailable if got.get("unavailable") else PMIxError
+        raise error(str(got["error"]) + (f" (also looked at: {tried})" if tried else ""))
+    return Placement(int(got["rank"]), int(got["size"]), [str(h) for h in got["hosts"]],
+                     str(got["nspace"]), str(got["lib"]), str(got["version"]), "child",
+                     time.monotonic() - start)
+
+
+def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None,
+          found: "Offer | None" = None) -> Placement:
+    """Every rank's host from the PMIx server (not collective: each rank asks its own
+    daemon, no rank waits for another). Runs once per process; later calls return the same
+    answer. Raises `PMIxError` when the service cannot be used or answers nonsense."""
+    global _done, _kept
+    environ = os.environ if environ is None else environ
+    if _done is not None and _done[0] == os.getpid():
+        return _done[1]
+    if found is None:
+        found, why_not = offer(environ)
+        if found is None:
+            raise PMIxError(f"the launcher's PMIx service cannot be used here: {why_not}. "
+                            "Fix: set MASTER_ADDR (and NODE_RANK).")
+    if not found.libs:
+        raise PMIxUnavailable("no PMIx library of this launcher was found; tried: "
+                        + "; ".join(found.tried) + ". Fix: set MASTER_ADDR (and NODE_RANK).")
+    if timeout is None:
+        from .knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
+
+        timeout = wait(environ)
+    # An MPI of this process initialized PMIx already: its client is ours too (reference
+    # counted), so the query runs here and gives back only its own init.
+    mpi_has_it = bool(mapped(_read("/proc/self/maps"))) and _load(found.libs, ()).initialized()
+    if found.mode == "in-process" or mpi_has_it:
+        answer, lib, was = _in_process(found, timeout)
+        if not was:
+            import atexit
+
+            _kept = lib
+            atexit.register(_finalize_at_exit)
+    else:
+        answer = _in_child(found, timeout)
+    if answer.rank != found.rank or answer.nspace != found.nspace:
+        raise PMIxError(f"PMIx_Init gave rank {answer.rank} of {answer.nspace!r} but "
+                        f"PMIX_RANK={found.rank}, PMIX_NAMESPACE={found.nspace!r}. Fix: unset "
+                        "PMIx variables left over from another job.")
+    _done = (os.getpid(), answer)
+    from .log import get_logger
+
+    get_logger(__name__).debug(f"PMIx ({answer.mode}, {answer.lib}, {answer.version}): "
+                               f"{answer.size} ranks on {len(set(answer.hosts))} hosts in "
+                               f"{answer.seconds * 1000:.0f} ms")
+    return answer
+
+
+def used() -> bool:
+    """True when this process has queried the service."""
+    return _done is not None and _done[0] == os.getpid()
+
+
+def handoff() -> "str | None":
+    """Before this process execs a command (``distenv run``): the value of `HELD_VAR`
+    (``<pid>;<nspace>;<host>*<count>,...``, the hosts of ranks 0.. in runs), or None when
+    this process did not query. An in-process client (Open MPI 4) is finalized here: the
+    exec'ed program cannot (its library state is gone with the exec), and ORTE reports a
+    rank whose client never finalized as "exiting improperly"."""
+    global _kept
+    if not used():
+        return None
+    answer = _done[1]  # type: ignore[index]  # used() proved _done is set
+    if _kept is not None:
+        _kept.finalize()
+        _kept = None
+    runs: "list[list[Any]]" = []
+    for host in answer.hosts:
+        if runs and runs[-1][0] == host:
+            runs[-1][1] += 1
+        else:
+            runs.append([host, 1])
+    return f"{os.getpid()};{answer.nspace};" + ",".join(f"{h}*{n}" for h, n in runs)
+
+
+def inherited(environ: "Mapping[str, str] | None" = None) -> "Placement | None":
+    """The answer this same process (same pid) got before it exec'ed, from `HELD_VAR`."""
+    environ = os.environ if environ is None else environ
+    parts = environ.get(HELD_VAR, "").split(";")
+    if len(parts) != 3 or parts[0] != str(os.getpid()) or parts[1] != environ.get("PMIX_NAMESPACE"):
+        return None
+    hosts: "list[str]" = []
+    try:
+        for run in parts[2].split(","):
+            host, _, count = run.rpartition("*")
+            if not host or int(count) < 1:
+                return None
+            hosts.extend([host] * int(count))
+    except ValueError:
+        return None
+    rank = environ.get("PMIX_RANK", "")
+    if not rank.isdigit() or int(rank) >= len(hosts):
+        return None
+    return Placement(int(rank), len(hosts), hosts, parts[1], f"{HELD_VAR} (before exec)", "",
+                     "inherited", 0.0)
+
+
+__all__ = ["query", "offer", "used", "handoff", "inherited", "candidates", "decode", "mapped",
+           "Offer", "Placement", "PMIxError", "PMIxUnavailable", "HELD_VAR", "SERVERS"]
