@@ -199,6 +199,25 @@ def candidates(environ: "Mapping[str, str]", kind: str, parent: int,
     return libs, tried
 
 
+def server_kind(pid: int, exe: "str | None" = None, comm: "str | None" = None) -> "tuple[str, str | None]":
+    """(name, kind in `SERVERS` or None) of process `pid`: its executable's name (Debian's
+    ``mpirun.openmpi`` is a link to ``orterun``; Open MPI 5's ``mpirun`` execs ``prterun``),
+    else -- when another user's (``slurmstepd``) cannot be read -- its process name, without
+    a Debian-style ``.openmpi`` suffix."""
+    if exe is None:
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            exe = ""
+    name = os.path.basename(exe).split(" ", 1)[0]
+    if name in SERVERS:
+        return name, SERVERS[name]
+    if comm is None:
+        comm = _read(f"/proc/{pid}/comm").strip()
+    base = comm.split(".", 1)[0]
+    return comm or name or "unknown", SERVERS.get(base)
+
+
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, "") or (None, why not). Reads /proc: call it only where
     communication is about to happen."""
@@ -218,8 +237,7 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
                           "this one")
         return None, f"{HELD_VAR}: this process used the service before it exec'ed"
     parent = os.getppid()
-    name = _read(f"/proc/{parent}/comm").strip()
-    kind = SERVERS.get(name)
+    name, kind = server_kind(parent)
     if kind is None:
         return None, (f"the parent process ({parent}, {name or 'unknown'}) is not a PMIx "
                       "server (orted, prted, slurmstepd, ...): the PMIx variables were "

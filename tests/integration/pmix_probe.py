@@ -1,0 +1,158 @@
+"""One rank of tests/integration/test_pmix_discovery.py: prints one DISTENV-PROBE record.
+
+    pmix_probe.py discover LIBMPI   distenv.discover(method="auto") with no MASTER_ADDR anywhere
+                                    (and without mpi4py: it must not be needed), then MPI_Init
+                                    through the launcher's own libmpi (ctypes) in the same
+                                    process: an all-reduce and an all-gather of host names, the
+                                    launcher's truth of where every rank runs
+    pmix_probe.py torch LIBMPI      distenv.torch.init_process_group("gloo") with no MASTER_ADDR,
+                                    an all-reduce, then the same MPI job as above
+    pmix_probe.py guards            a forked and a spawned child, which inherited the PMIx
+                                    variables, must refuse the service
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+MARK = "DISTENV-PROBE "
+# mpi4py must not be what makes discovery work: hide it (method="auto" once demanded it)
+sys.modules["mpi4py"] = None  # type: ignore[assignment]
+
+
+def emit(record: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def truth() -> dict:
+    """What Open MPI itself says about this rank (OMPI_COMM_WORLD_*)."""
+    get = os.environ.get
+    return {"rank": int(get("OMPI_COMM_WORLD_RANK", "-1")), "size": int(get("OMPI_COMM_WORLD_SIZE", "-1")),
+            "local_rank": int(get("OMPI_COMM_WORLD_LOCAL_RANK", "-1")),
+            "local_size": int(get("OMPI_COMM_WORLD_LOCAL_SIZE", "-1")),
+            "hostname": socket.gethostname()}
+
+
+def mpi_job(libmpi: str) -> dict:
+    """MPI_Init in this process after discovery, through the launcher's libmpi: rank, size,
+    the sum of rank+1 and every rank's host (MPI_Allgather), then MPI_Finalize."""
+    m = ctypes.CDLL(libmpi, mode=ctypes.RTLD_GLOBAL)
+
+    def sym(name):
+        return ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(m, name)))
+
+    world = sym("ompi_mpi_comm_world")
+    rc = m.MPI_Init(None, None)
+    rank, size = ctypes.c_int(), ctypes.c_int()
+    m.MPI_Comm_rank(world, ctypes.byref(rank))
+    m.MPI_Comm_size(world, ctypes.byref(size))
+    mine, total = ctypes.c_int(rank.value + 1), ctypes.c_int()
+    m.MPI_Allreduce(ctypes.byref(mine), ctypes.byref(total), 1, sym("ompi_mpi_int"),
+                    sym("ompi_mpi_op_sum"), world)
+    send = ctypes.create_string_buffer(socket.gethostname().encode(), 64)
+    recv = ctypes.create_string_buffer(64 * size.value)
+    m.MPI_Allgather(send, 64, sym("ompi_mpi_char"), recv, 64, sym("ompi_mpi_char"), world)
+    hosts = [recv.raw[i * 64:(i + 1) * 64].split(b"\0", 1)[0].decode() for i in range(size.value)]
+    fin = m.MPI_Finalize()
+    return {"init_rc": rc, "rank": rank.value, "size": size.value, "sum": total.value,
+            "hosts": hosts, "finalize_rc": fin}
+
+
+def discover_mode(libmpi: str) -> None:
+    had_master = "MASTER_ADDR" in os.environ
+    import distenv
+    import distenv.pmix as pmix
+
+    before = distenv.resolve()
+    t0 = time.monotonic()
+    env = distenv.discover(method="auto")
+    took = time.monotonic() - t0
+    answer = pmix.query()  # the kept answer: no second query
+    record = {"truth": truth(), "had_master_env": had_master,
+              "before": before.to_dict(),
+              "env": env.to_dict(), "why": dict(env.provenance), "seconds": took,
+              "mode": answer.mode, "lib": answer.lib, "version": answer.version}
+    record["mpi"] = mpi_job(libmpi)
+    emit(record)
+
+
+def torch_mode(libmpi: str) -> None:
+    had_master = "MASTER_ADDR" in os.environ
+    import torch
+    import torch.distributed as dist
+
+    import distenv.torch
+
+    env = distenv.torch.init_process_group("gloo")
+    x = torch.tensor([float(env.rank + 1)])
+    dist.all_reduce(x)
+    hosts = [None] * env.world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    dist.destroy_process_group()
+    emit({"truth": truth(), "had_master_env": had_master, "env": env.to_dict(),
+          "why": {k: env.provenance.get(k) for k in ("master_addr", "node_rank", "world_size")},
+          "sum": x.item(), "gloo_hosts": hosts, "exported": os.environ.get("MASTER_ADDR"),
+          "mpi": mpi_job(libmpi)})
+
+
+CHILD = ("import json, distenv.pmix as p, distenv.discovery as d; o, why = p.offer(); "
+         "e = d.complete(need=('master_addr', 'node_rank')); "
+         "print(json.dumps({'offer': None if o is None else o.kind, 'why': why, "
+         "'node_rank': e.node_rank, 'used': p.used()}))")
+
+
+def guards_mode() -> None:
+    """A spawned and a forked child inherit PMIX_*: neither may use the service, and the
+    rank itself still can afterwards."""
+    out = {}
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                       timeout=300)
+    out["spawned"] = json.loads(p.stdout) if p.returncode == 0 else {"error": p.stderr[-800:]}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            import distenv.discovery as d
+            import distenv.pmix as pm
+
+            o, why = pm.offer()
+            e = d.complete(need=("master_addr", "node_rank"))
+            os.write(w, json.dumps({"offer": None if o is None else o.kind, "why": why,
+                                    "node_rank": e.node_rank, "used": pm.used()}).encode())
+        except BaseException as exc:  # noqa: BLE001
+            os.write(w, json.dumps({"error": repr(exc)}).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.waitpid(pid, 0)
+    out["forked"] = json.loads(data or b'{"error": "nothing"}')
+    import distenv.discovery as d
+
+    e = d.complete(need=("master_addr", "node_rank"))
+    emit({"truth": truth(), "guards": out, "node_rank": e.node_rank,
+          "node_rank_why": e.provenance.get("node_rank")})
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "discover":
+        discover_mode(sys.argv[2])
+    elif mode == "torch":
+        torch_mode(sys.argv[2])
+    elif mode == "guards":
+        guards_mode()
+    else:
+        sys.exit(f"unknown mode {mode}")

@@ -1,0 +1,159 @@
+"""Discovery through the launcher's PMIx server (distenv.pmix), under the real Open MPI 4 and 5.
+
+No MASTER_ADDR anywhere (the harness's clean environment drops it; the probe asserts it),
+and no mpi4py (the probe hides it: `discover(method="auto")` once demanded it).
+
+- One node (`-np 2`) and the two namespace nodes with rank 0 on node2, the node mpirun was
+  not started from: Open MPI 5 `-H node2:2,node1:2`; Open MPI 4 MPMD
+  `-np 2 -H node2:2 : -np 2 -H node1:2` (ORTE otherwise puts rank 0 on mpirun's node).
+  Every field distenv fills is compared with the launcher's truth: Open MPI's own
+  OMPI_COMM_WORLD_* variables, and the host of every rank as an MPI_Allgather in the same
+  processes says.
+- MPI after discovery, in the same process: MPI_Init through the launcher's own libmpi
+  (ctypes), an all-reduce and an all-gather, MPI_Finalize, and the job exits 0 (the
+  version-dependent handling of distenv.pmix: in-process for ORTE, a child process for PRRTE).
+- `distenv.torch.init_process_group("gloo")` with no MASTER_ADDR joins the 4 ranks at node2
+  and all-reduces, then MPI works in the same processes.
+- A forked and a spawned child that inherited the PMIx variables refuse the service.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import harness
+from harness import FAKESSH, NET, OMPI4, OMPI5, ON_NODE, Layout
+
+pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]
+
+PROBE = str(harness.HERE / "pmix_probe.py")
+LIBMPI = {"openmpi4": "/usr/lib/x86_64-linux-gnu/libmpi.so.40",
+          "openmpi5": str(harness.L / "openmpi5" / "lib" / "libmpi.so.40")}
+OMPI4_FLAGS = (OMPI4, "--allow-run-as-root", "--mca", "plm_rsh_agent", FAKESSH,
+               "--mca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET)
+OMPI5_FLAGS = (OMPI5, "--allow-run-as-root", "--prtemca", "plm_ssh_agent", FAKESSH,
+               "--prtemca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET)
+#: Where each rank runs in the two-node layouts: node2 (mpirun is on node1) holds rank 0.
+TWO_NODES = ["node2", "node2", "node1", "node1"]
+#: Generous: 4 Python ranks (+ a child interpreter each under Open MPI 5) on 2 loaded cores.
+TIMEOUT = 600
+
+
+def _ompi4_mpmd(cmd, extra):
+    return [ON_NODE, "node1", *OMPI4_FLAGS, *extra, "-np", "2", "-H", "node2:2", *cmd, ":",
+            "-np", "2", "-H", "node1:2", *cmd]
+
+
+def _ompi5_node2_first(cmd, extra):
+    return [ON_NODE, "node1", *OMPI5_FLAGS, "-np", "4", "-H", "node2:2,node1:2", *extra, *cmd]
+
+
+LAYOUTS = {
+    "openmpi4-np2": harness.layout("openmpi4", "np2"),
+    "openmpi5-np2": harness.layout("openmpi5", "np2"),
+    "openmpi4-mpmd-rank0-node2": Layout("openmpi4", "mpmd-rank0-node2", "cluster", 4, "openmpi",
+                                        "openmpi", _ompi4_mpmd, ("node2", "node1")),
+    "openmpi5-hosts-rank0-node2": Layout("openmpi5", "hosts-rank0-node2", "cluster", 4, "openmpi",
+                                         "openmpi", _ompi5_node2_first, ("node2", "node1")),
+}
+
+
+def records_of(lay: Layout, cmd, *, env=None, timeout=TIMEOUT):
+    """One record per rank, sorted by Open MPI's own rank; the launch must exit 0 with every
+    rank reporting (harness.launch), and say nothing of a rank "exiting improperly"."""
+    result = harness.launch(lay, cmd, env=env, timeout=timeout)
+    records = []
+    for name, (out, err) in sorted(result["files"].items()):
+        found = harness.parse_records(out)
+        assert len(found) == 1, f"{lay.name}: rank file {name}: {out[-1500:]}\n{err[-3000:]}"
+        found[0]["_stderr"] = err
+        records.extend(found)
+    assert "improperly" not in result["output"], harness.describe_failure(lay, result)
+    records.sort(key=lambda r: r["truth"]["rank"])
+    assert [r["truth"]["rank"] for r in records] == list(range(lay.nranks)), records
+    return records, result
+
+
+def expected(hosts: "list[str]", rank: int) -> dict:
+    """The placement's facts for `rank`, from every rank's host (nodes by lowest rank)."""
+    nodes = list(dict.fromkeys(hosts))
+    mine = hosts[rank]
+    on_node = [r for r, h in enumerate(hosts) if h == mine]
+    counts = {hosts.count(n) for n in nodes}
+    return {"node_rank": nodes.index(mine), "num_nodes": len(nodes), "hosts": nodes,
+            "rank_hosts": hosts, "local_world_size": len(on_node),
+            "local_rank": on_node.index(rank),
+            "nproc_per_node": len(on_node) if len(counts) == 1 else None,
+            "master_addr": hosts[0] if len(nodes) > 1 else "127.0.0.1"}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_discover_fills_every_field_then_mpi_init_works(need, name):
+    lay = need(LAYOUTS[name])
+    records, _ = records_of(lay, [harness.PY, PROBE, "discover", LIBMPI[lay.launcher]])
+    n = lay.nranks
+    # The launcher's truth: where every rank runs, as MPI itself gathers it after discovery.
+    hosts = records[0]["mpi"]["hosts"]
+    if lay.multi_node:
+        assert hosts == TWO_NODES, hosts  # the layout is what this test means it to be
+    for r in records:
+        t, e, detail = r["truth"], r["env"], json.dumps({k: v for k, v in r.items() if k != "_stderr"})
+        assert r["had_master_env"] is False, detail
+        if lay.multi_node:  # the launcher alone does not say where rank 0 runs
+            assert r["before"]["master_addr"] is None, detail
+        assert t["hostname"] == hosts[t["rank"]], detail
+        assert (e["rank"], e["world_size"]) == (t["rank"], t["size"]) == (t["rank"], n), detail
+        assert (e["local_rank"], e["local_world_size"]) == (t["local_rank"], t["local_size"]), detail
+        want = expected(hosts, t["rank"])
+        for field, value in want.items():
+            if field == "local_rank" and lay.launcher == "openmpi5" and not lay.multi_node:
+                continue  # PRRTE's default mapping numbers local ranks its own way (np4 note)
+            assert e[field] == value, (field, detail)
+        if lay.multi_node:  # what the launcher left unknown, PMIx filled, and says so
+            unknown = [f for f in want if r["before"].get(f) is None]
+            assert {"master_addr", "node_rank", "rank_hosts"} <= set(unknown), detail
+            for field in unknown:
+                assert r["why"][field].startswith("PMIx placement (pmix.hname of every rank"), \
+                    (field, detail)
+        # the version-dependent handling (distenv.pmix): ORTE in this process, PRRTE a child
+        assert r["mode"] == ("in-process" if lay.launcher == "openmpi4" else "child"), detail
+        assert r["lib"].endswith(("libpmix.so.2", "libpmix.so.2.6.2")), detail
+        if lay.launcher == "openmpi5":
+            assert r["lib"] == str(harness.L / "openmpi5" / "lib" / "openmpi" / "libpmix.so.2"), detail
+        # MPI_Init after discovery, same process: a real MPI job of every rank
+        assert r["mpi"] == {"init_rc": 0, "rank": t["rank"], "size": n, "sum": n * (n + 1) // 2,
+                            "hosts": hosts, "finalize_rc": 0}, detail
+    assert len({r["env"]["master_port"] for r in records}) == 1, records
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_torch_all_reduces_with_no_master_addr(need, torch_python, name):
+    lay = need(LAYOUTS[name])
+    records, _ = records_of(lay, [torch_python, PROBE, "torch", LIBMPI[lay.launcher]])
+    for r in records:
+        detail = json.dumps({k: v for k, v in r.items() if k != "_stderr"})
+        assert r["had_master_env"] is False, detail
+        e = r["env"]
+        assert (e["master_addr"], e["world_size"], e["num_nodes"]) == ("node2", 4, 2), detail
+        assert e["node_rank"] == (0 if r["truth"]["rank"] < 2 else 1), detail
+        assert r["why"]["master_addr"].startswith("PMIx placement"), detail
+        assert r["exported"] == "node2", detail
+        assert r["sum"] == 10.0 and r["gloo_hosts"] == TWO_NODES, detail
+        assert r["mpi"] == {"init_rc": 0, "rank": r["truth"]["rank"], "size": 4, "sum": 10,
+                            "hosts": TWO_NODES, "finalize_rc": 0}, detail
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_children_that_inherited_pmix_refuse_it(need, name):
+    lay = need(LAYOUTS[name])
+    records, _ = records_of(lay, [harness.PY, PROBE, "guards"])
+    for r in records:
+        for kind in ("forked", "spawned"):
+            g = r["guards"][kind]
+            assert "error" not in g and g["offer"] is None and g["used"] is False, (kind, r)
+            assert "is not a PMIx server" in g["why"], (kind, r)
+            assert g["node_rank"] is None, (kind, r)  # nothing filled: unknown, not guessed
+        # the rank itself still can, after its children
+        assert r["node_rank"] == (0 if r["truth"]["rank"] < 2 else 1), r
+        assert r["node_rank_why"].startswith("PMIx placement"), r
