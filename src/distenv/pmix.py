@@ -275,8 +275,20 @@ def decode(vtype: int, data: bytes) -> "int | str | None":
     fmt = _INTS.get(vtype)
     if fmt is None:
         return None
-    value: int = struct.unpack_from("=" + fmt, data)[0]
+    value: int = struct.unpack_from("@" + fmt, data)[0]  # native: size_t is "N"
     return value
+
+
+def read_value(value: Any) -> "int | str | None":
+    """The contents of a pmix_value_t (a `_types()` Value in the library's memory): for
+    PMIX_STRING the string its pointer points at, else `decode` of the union's bytes."""
+    import ctypes
+
+    raw = bytes(value.data)
+    if value.type == PMIX_STRING:
+        ptr = ctypes.c_void_p.from_buffer_copy(raw[:ctypes.sizeof(ctypes.c_void_p)]).value
+        raw = ctypes.string_at(ptr) if ptr else b""
+    return decode(int(value.type), raw)
 
 
 class _Lib:
@@ -330,12 +342,7 @@ class _Lib:
             return None
         if rc != 0 or not out:
             raise PMIxError(f"PMIx_Get({key!r}, rank {rank}) failed with status {rc}")
-        value = out.contents
-        raw = bytes(value.data)
-        if value.type == PMIX_STRING:
-            ptr = ctypes.c_void_p.from_buffer_copy(raw[:ctypes.sizeof(ctypes.c_void_p)]).value
-            raw = ctypes.string_at(ptr) if ptr else b""
-        return decode(value.type, raw)
+        return read_value(out.contents)
 
 
 def _query(lib: _Lib) -> "tuple[int, int, list[str], str]":

@@ -42,6 +42,7 @@ TYPED = (
     "log.py",
     "placement.py",
     "pmi.py",
+    "pmix.py",
     "ports.py",
     "reading.py",
     "redact.py",

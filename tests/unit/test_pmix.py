@@ -1,0 +1,331 @@
+"""distenv.pmix without a launcher: the ctypes layout and value decoding, the library lookup,
+the guards, the hand-over to an exec'ed command, the wiring into discovery, and -- against a
+fake libpmix compiled here (skipped without a C compiler) -- the query in both modes and its
+timeout. The real servers: tests/integration/test_pmix_discovery.py."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from distenv import DistEnvError, discovery, pmix, resolve
+from distenv.discovery import PMIX_WHY, _from_pmix, complete, discover
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    """No answer kept from another test; PMIx variables only where a test sets them."""
+    monkeypatch.setattr(pmix, "_done", None)
+    monkeypatch.setattr(pmix, "_kept", None)
+    for k in list(os.environ):
+        if k.startswith(("PMIX_", "OMPI_", "PMI_", "SLURM_", "MPI_LOCAL")) or k in (
+                "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", pmix.HELD_VAR, "DISTENV_PMIX"):
+            monkeypatch.delenv(k)
+
+
+# -- layout and decoding ----------------------------------------------------------------------
+def test_struct_layout_matches_pmix_common_h():
+    proc_t, value_t = pmix._types()
+    assert ctypes.sizeof(proc_t) == 260 and proc_t.rank.offset == 256  # char[256] + uint32
+    assert value_t.type.offset == 0 and value_t.data.offset == 8  # uint16, then the union
+    assert ctypes.sizeof(value_t) == 32
+
+
+@pytest.mark.parametrize("vtype,data,want", [
+    (14, struct.pack("=I", 4096) + b"\xff" * 4, 4096),          # UINT32: only its 4 bytes
+    (13, struct.pack("=H", 7) + b"\xee" * 6, 7),                # UINT16
+    (40, struct.pack("=I", 3), 3),                              # PROC_RANK
+    (6, struct.pack("=i", -2), -2),                             # INT
+    (4, struct.pack("@N", 2 ** 40), 2 ** 40),                   # SIZE
+    (15, struct.pack("=Q", 2 ** 63), 2 ** 63),                  # UINT64
+    (3, b"node2\0garbage", "node2"),                            # STRING: up to the NUL
+    (1, b"\1", None), (21, b"", None),                          # BOOL, VALUE: not read
+])
+def test_decode(vtype, data, want):
+    assert pmix.decode(vtype, data.ljust(8, b"\0")) == want
+
+
+def test_read_value_follows_the_string_pointer():
+    _, value_t = pmix._types()
+    text = ctypes.create_string_buffer(b"node1.example")
+    v = value_t()
+    v.type = 3
+    ctypes.memmove(ctypes.addressof(v) + 8, ctypes.byref(ctypes.c_void_p(ctypes.addressof(text))), 8)
+    assert pmix.read_value(v) == "node1.example"
+    v.type = 14
+    ctypes.memmove(ctypes.addressof(v) + 8, struct.pack("=Q", (7 << 32) | 4), 8)
+    assert pmix.read_value(v) == 4  # the high bytes of the union are not the uint32's
+
+
+# -- which library -------------------------------------------------------------------------------
+MAPS = """\
+7f00-7f10 r--p 00000000 08:01 11 /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2
+7f10-7f20 r-xp 00010000 08:01 11 /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2
+7f20-7f30 rw-s 00000000 00:1f 12 /tmp/ompi.vm.0/pid.1/pmix_dstor_ds12_1/dstore_sm.lock
+7f30-7f40 r-xp 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f40-7f50 rw-p 00000000 00:00 0
+"""
+
+
+def test_mapped_finds_the_library_not_the_lock_files():
+    assert pmix.mapped(MAPS) == ["/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2"]
+    assert pmix.mapped("") == []
+
+
+def exists_in(*paths):
+    return lambda p: p in paths
+
+
+def test_the_server_s_own_library_comes_first():
+    libs, _ = pmix.candidates({"PMIX_PREFIX": "/opt/ompi5"}, "prrte", 1, own_maps="",
+                              parent_maps=MAPS, parent_exe="/opt/ompi5/bin/prterun",
+                              exists=exists_in("/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2",
+                                               "/opt/ompi5/lib/openmpi/libpmix.so.2"))
+    assert libs == ["/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2",
+                    "/opt/ompi5/lib/openmpi/libpmix.so.2"]
+
+
+def test_a_library_already_in_this_process_is_the_only_choice():
+    libs, _ = pmix.candidates({"PMIX_PREFIX": "/opt/ompi5"}, "prrte", 1,
+                              own_maps="1-2 r-xp 0 0:0 1 /opt/other/lib/libpmix.so.2\n",
+                              parent_maps=MAPS, parent_exe="/opt/ompi5/bin/prterun",
+                              exists=lambda p: True)
+    assert libs == ["/opt/other/lib/libpmix.so.2"]
+
+
+def test_prefix_then_the_daemon_s_install_when_its_maps_are_unreadable():
+    libs, tried = pmix.candidates({"PMIX_PREFIX": "/opt/ompi5"}, "prrte", 1, own_maps="",
+                                  parent_maps="", parent_exe="/opt/prrte/bin/prted",
+                                  exists=exists_in("/opt/ompi5/lib/openmpi/libpmix.so.2",
+                                                   "/opt/prrte/lib/libpmix.so.2"))
+    assert libs == ["/opt/ompi5/lib/openmpi/libpmix.so.2", "/opt/prrte/lib/libpmix.so.2"]
+    assert any("/proc/1/maps" in t for t in tried)
+    assert any("/opt/ompi5/lib/libpmix.so.2 (PMIX_PREFIX: no such file)" == t for t in tried)
+
+
+def test_the_dynamic_linker_s_only_for_slurm_and_only_as_a_last_resort():
+    libs, _ = pmix.candidates({}, "slurm", 1, own_maps="", parent_maps="", parent_exe="",
+                              exists=lambda p: False)
+    assert libs == ["libpmix.so.2"]
+    libs, tried = pmix.candidates({}, "orte", 1, own_maps="", parent_maps="",
+                                  parent_exe="/usr/bin/orterun", exists=lambda p: False)
+    assert libs == [] and any("/usr/lib/openmpi/libpmix.so.2" in t for t in tried)
+    libs, _ = pmix.candidates({}, "slurm", 1, own_maps="", parent_maps=MAPS, parent_exe="",
+                              exists=lambda p: True)
+    assert libs == ["/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2"]
+
+
+@pytest.mark.parametrize("exe,comm,want", [
+    ("/usr/bin/orterun", "mpirun.openmpi", "orte"), ("/usr/bin/orted", "orted", "orte"),
+    ("/opt/o5/bin/prterun", "prterun", "prrte"), ("/opt/o5/bin/prted", "prted", "prrte"),
+    ("", "slurmstepd", "slurm"),  # another user's daemon: only its name is readable
+    ("", "mpirun.openmpi", "orte"), ("/usr/bin/python3.11", "python", None),
+    ("/usr/bin/bash", "bash", None), ("", "", None),
+])
+def test_server_kind(exe, comm, want):
+    assert pmix.server_kind(1, exe=exe, comm=comm)[1] == want
+
+
+# -- guards --------------------------------------------------------------------------------------
+SERVER_ENV = {"PMIX_NAMESPACE": "prterun-vm-1@1", "PMIX_RANK": "0",
+              "PMIX_SERVER_URI41": "prterun-vm-1@0.0;tcp4://127.0.0.1:1"}
+
+
+@pytest.mark.parametrize("environ,why", [
+    ({}, "no PMIx server"),
+    ({"PMIX_NAMESPACE": "x", "PMIX_RANK": "0"}, "no PMIx server"),
+    ({**SERVER_ENV, "DISTENV_PMIX": "0"}, "DISTENV_PMIX=0"),
+    ({**SERVER_ENV, "PMIX_RANK": "x"}, "is not a rank"),
+    ({**SERVER_ENV, pmix.HELD_VAR: "1;ns;a*2"}, "belongs to process 1"),
+    (SERVER_ENV, "is not a PMIx server"),  # pytest's parent is no launcher daemon
+])
+def test_offer_refuses(environ, why):
+    found, why_not = pmix.offer(environ)
+    assert found is None and why in why_not
+
+
+def test_query_without_a_library_says_what_was_tried():
+    found = pmix.Offer("ns", 0, "orte", "orted", [], ["/x/libpmix.so.2 (PMIX_PREFIX: no such file)"],
+                       "PMIx server orted")
+    with pytest.raises(pmix.PMIxUnavailable, match=r"tried: /x/libpmix.so.2 .*Fix: set MASTER_ADDR"):
+        pmix.query({}, timeout=5, found=found)
+    with pytest.raises(pmix.PMIxUnavailable, match=r"/etc/hostname \(.*\).*Fix:"):
+        pmix._load(["/etc/hostname"], [])
+
+
+# -- discovery wiring ----------------------------------------------------------------------------
+def ompi4(rank):  # Open MPI 4, 4 ranks on 2 nodes, mpirun on a host that runs no rank
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % 2), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "PMIX_NAMESPACE": "1234", "PMIX_RANK": str(rank)}
+
+
+def placement(rank, hosts=("node2", "node2", "node1", "node1")):
+    return pmix.Placement(rank, len(hosts), list(hosts), "1234", "/lib/libpmix.so.2", "4.2",
+                          "in-process", 0.01)
+
+
+def test_from_pmix_fills_the_placement():
+    env = resolve(ompi4(3))
+    got = _from_pmix(env, placement(3), "orted")
+    assert (got.master_addr, got.node_rank, got.num_nodes, got.local_world_size) == ("node2", 1, 2, 2)
+    assert got.hosts == ("node2", "node1") and got.rank_hosts == ("node2", "node2", "node1", "node1")
+    assert got.provenance["master_addr"] == f"{PMIX_WHY} (pmix.hname of every rank, orted)"
+
+
+def test_from_pmix_refuses_another_job_s_rank():
+    with pytest.raises(DistEnvError, match="the PMIx server says rank 2"):
+        _from_pmix(resolve(ompi4(3)), placement(2))
+
+
+def test_complete_and_auto_use_pmix_without_mpi4py(monkeypatch):
+    found = pmix.Offer("1234", 3, "orte", "orted", ["/lib/libpmix.so.2"], [], "PMIx server orted")
+    calls = []
+    monkeypatch.setattr(pmix, "offer", lambda environ=None: (found, ""))
+    monkeypatch.setattr(pmix, "query", lambda **kw: calls.append(kw) or placement(3))
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # not installed
+    env = resolve(ompi4(3))
+    assert env.master_addr is None
+    got = complete(env, need=("master_addr",))
+    assert got.master_addr == "node2" and got.node_rank == 1
+    assert discover(env, method="auto").master_addr == "node2"
+    assert discover(env, method="pmix").master_addr == "node2"
+    assert len(calls) == 3
+    assert complete(got, need=("master_addr",)) is got  # known: no query
+
+
+def test_complete_without_a_library_leaves_fields_unknown_and_says_why(monkeypatch, caplog):
+    found = pmix.Offer("1234", 3, "orte", "orted", [], ["/proc/9/maps (none readable)"], "x")
+    monkeypatch.setattr(pmix, "offer", lambda environ=None: (found, ""))
+    env = resolve(ompi4(3))
+    with caplog.at_level("WARNING", logger="distenv"):
+        got = complete(env, need=("master_addr",))
+    assert got.master_addr is None
+    assert any("PMIx" in n and "/proc/9/maps" in n for n in got.notes)
+    assert "/proc/9/maps" in caplog.text
+    with pytest.raises(pmix.PMIxUnavailable, match="/proc/9/maps"):
+        discover(env, method="pmix")
+
+
+def test_handoff_round_trip(monkeypatch):
+    monkeypatch.setattr(pmix, "_done", (os.getpid(), placement(3)))
+    held = pmix.handoff()
+    assert held == f"{os.getpid()};1234;node2*2,node1*2"
+    env = {**ompi4(3), pmix.HELD_VAR: held}
+    got = pmix.inherited(env)
+    assert got is not None and got.hosts == ["node2", "node2", "node1", "node1"] and got.rank == 3
+    assert pmix.inherited({**env, pmix.HELD_VAR: "1;1234;a*4"}) is None  # another pid
+    assert pmix.inherited({**env, "PMIX_NAMESPACE": "999"}) is None  # another job
+    found, why = pmix.offer({**env, "PMIX_SERVER_URI4": "x"})
+    assert found is None and "before it exec'ed" in why
+
+
+# -- a fake libpmix: both modes, the finalize, the timeout ------------------------------------------
+FAKE_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+typedef struct { char nspace[256]; uint32_t rank; } proc_t;
+typedef struct { uint16_t type; union { char *s; uint32_t u32; uint64_t pad[3]; } d; } value_t;
+static int count = 0;
+static void log_call(const char *what) {
+    const char *f = getenv("FAKE_LOG");
+    if (f) { FILE *o = fopen(f, "a"); fprintf(o, "%s %d\n", what, (int)getpid()); fclose(o); }
+}
+const char *PMIx_Get_version(void) { return "FakePMIx 0.1"; }
+int PMIx_Initialized(void) { return count > 0; }
+int PMIx_Init(proc_t *me, void *info, size_t n) {
+    const char *s = getenv("FAKE_SLEEP");
+    if (s) sleep(atoi(s));
+    strncpy(me->nspace, getenv("PMIX_NAMESPACE"), 255);
+    me->rank = (uint32_t)atoi(getenv("FAKE_RANK"));
+    count++; log_call("init"); return 0;
+}
+int PMIx_Finalize(void *info, size_t n) { count--; log_call("finalize"); return 0; }
+int PMIx_Get(const proc_t *p, const char *key, void *info, size_t n, value_t **out) {
+    char *hosts = strdup(getenv("FAKE_HOSTS")), *h = strtok(hosts, ",");
+    uint32_t size = 0, r = 0;
+    const char *mine = NULL;
+    for (; h; h = strtok(NULL, ","), size++) if (size == p->rank) mine = h;
+    value_t *v = calloc(1, sizeof *v);
+    if (!strcmp(key, "pmix.job.size") && p->rank == 0xfffffffe) { v->type = 14; v->d.pad[0] = ((uint64_t)9 << 32) | size; }
+    else if (!strcmp(key, "pmix.hname") && mine) { v->type = 3; v->d.s = strdup(mine); }
+    else { free(v); return -46; }
+    *out = v; return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fake libpmix")
+    out = tmp_path_factory.mktemp("fakepmix")
+    (out / "fake.c").write_text(FAKE_C)
+    lib = out / "libpmix.so.2"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(out / "fake.c")], check=True,
+                   timeout=120)
+    return str(lib)
+
+
+def fake_env(monkeypatch, tmp_path, rank=1, **extra):
+    log = tmp_path / "calls"
+    for k, v in {"PMIX_NAMESPACE": "fake@1", "FAKE_RANK": str(rank), "FAKE_LOG": str(log),
+                 "FAKE_HOSTS": "node2,node2,node1", **extra}.items():
+        monkeypatch.setenv(k, v)
+    return log
+
+
+def calls(log):
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_child_mode_queries_in_another_process_and_finalizes_there(fake_lib, monkeypatch, tmp_path):
+    log = fake_env(monkeypatch, tmp_path)
+    found = pmix.Offer("fake@1", 1, "prrte", "prted", [fake_lib], [], "PMIx server prted")
+    loaded_before = fake_lib in open("/proc/self/maps").read()  # by another test's in-process run
+    got = pmix.query(timeout=120, found=found)
+    assert (got.rank, got.size, got.hosts, got.mode) == (1, 3, ["node2", "node2", "node1"], "child")
+    assert got.lib == fake_lib and got.version == "FakePMIx 0.1"
+    (init, child), (fin, child2) = calls(log)
+    assert (init, fin) == ("init", "finalize") and child == child2 != str(os.getpid())
+    assert pmix.used() and pmix.query(timeout=1) is got  # once per process
+    assert (fake_lib in open("/proc/self/maps").read()) == loaded_before  # nothing loaded here
+
+
+def test_in_process_mode_stays_initialized_until_exit_or_exec(fake_lib, monkeypatch, tmp_path):
+    log = fake_env(monkeypatch, tmp_path)
+    found = pmix.Offer("fake@1", 1, "orte", "orted", [fake_lib], [], "PMIx server orted")
+    got = pmix.query(timeout=120, found=found)
+    assert (got.hosts, got.mode) == (["node2", "node2", "node1"], "in-process")
+    assert calls(log) == [["init", str(os.getpid())]]  # kept open: a later MPI_Init shares it
+    assert pmix.handoff() == f"{os.getpid()};fake@1;node2*2,node1*1"  # before an exec ...
+    assert calls(log)[-1] == ["finalize", str(os.getpid())]  # ... it is finalized
+    pmix._finalize_at_exit()
+    assert len(calls(log)) == 2  # and not twice
+
+
+def test_a_rank_mismatch_is_an_error(fake_lib, monkeypatch, tmp_path):
+    fake_env(monkeypatch, tmp_path, rank=2)
+    found = pmix.Offer("fake@1", 1, "prrte", "prted", [fake_lib], [], "PMIx server prted")
+    with pytest.raises(pmix.PMIxError, match="PMIx_Init gave rank 2 .* PMIX_RANK=1"):
+        pmix.query(timeout=120, found=found)
+
+
+@pytest.mark.parametrize("kind", ["orte", "prrte"])
+def test_a_server_that_never_answers_ends_within_the_timeout(fake_lib, monkeypatch, tmp_path, kind):
+    fake_env(monkeypatch, tmp_path, FAKE_SLEEP="30")
+    found = pmix.Offer("fake@1", 1, kind, "x", [fake_lib], [], "PMIx server x")
+    t0 = time.monotonic()
+    with pytest.raises(pmix.PMIxError, match="did not answer within 3 s .*DISTENV_TIMEOUT"):
+        pmix.query(timeout=3, found=found)
+    assert time.monotonic() - t0 < 15
