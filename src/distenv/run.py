@@ -254,6 +254,11 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         held = handoff()
         if held is not None:  # exec keeps the pid: see distenv.pmi.offer and .inherited
             child[HELD_VAR] = held
+        from . import pmix
+
+        held = pmix.handoff()  # the same for PMIx; Open MPI 4's client is finalized before exec
+        if held is not None:
+            child[pmix.HELD_VAR] = held
     child["DISTENV_AUTO"] = "1"
     child["DISTENV_RUN"] = "1"
     warnings: "list[str]" = []

@@ -9,6 +9,8 @@
                                     an all-reduce, then the same MPI job as above
     pmix_probe.py guards            a forked and a spawned child, which inherited the PMIx
                                     variables, must refuse the service
+    pmix_probe.py after-run         the command `distenv run` exec'ed: what it was given, and
+                                    that it completes without asking the server again
 """
 from __future__ import annotations
 
@@ -146,6 +148,20 @@ def guards_mode() -> None:
           "node_rank_why": e.provenance.get("node_rank")})
 
 
+def after_run() -> None:
+    import distenv.pmix as pm
+    from distenv.discovery import complete
+
+    o, why = pm.offer()
+    e = complete(need=("node_rank", "num_nodes"))  # from what distenv run found
+    emit({"truth": truth(), "node_rank": e.node_rank, "num_nodes": e.num_nodes,
+          "num_nodes_why": e.provenance.get("num_nodes"), "node_rank_why": e.provenance.get("node_rank"),
+          "queried": pm.used(), "held": os.environ.get(pm.HELD_VAR), "pid": os.getpid(),
+          "offer": None if o is None else o.kind, "why": why,
+          **{k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE",
+                                            "RANK", "LOCAL_RANK")}})
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "discover":
@@ -154,5 +170,7 @@ if __name__ == "__main__":
         torch_mode(sys.argv[2])
     elif mode == "guards":
         guards_mode()
+    elif mode == "after-run":
+        after_run()
     else:
         sys.exit(f"unknown mode {mode}")

@@ -19,6 +19,8 @@ and no mpi4py (the probe hides it: `discover(method="auto")` once demanded it).
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,7 @@ from harness import FAKESSH, NET, OMPI4, OMPI5, ON_NODE, Layout
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]
 
 PROBE = str(harness.HERE / "pmix_probe.py")
+DISTENV = str(Path(sys.executable).parent / "distenv")
 LIBMPI = {"openmpi4": "/usr/lib/x86_64-linux-gnu/libmpi.so.40",
           "openmpi5": str(harness.L / "openmpi5" / "lib" / "libmpi.so.40")}
 OMPI4_FLAGS = (OMPI4, "--allow-run-as-root", "--mca", "plm_rsh_agent", FAKESSH,
@@ -157,3 +160,23 @@ def test_children_that_inherited_pmix_refuse_it(need, name):
         # the rank itself still can, after its children
         assert r["node_rank"] == (0 if r["truth"]["rank"] < 2 else 1), r
         assert r["node_rank_why"].startswith("PMIx placement"), r
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_distenv_run_queries_once_and_execs(need, name):
+    """`distenv run` completes the launch from PMIx and execs the command with the torch
+    variables and DISTENV_PMIX_HELD: the command (same pid) completes from that without
+    asking the server again, and the job exits 0 (Open MPI 4: the in-process client is
+    finalized before the exec, or ORTE reports the rank "exiting improperly")."""
+    lay = need(LAYOUTS[name])
+    records, _ = records_of(lay, [DISTENV, "run", "--", harness.PY, PROBE, "after-run"])
+    for r in records:
+        rank = r["truth"]["rank"]
+        assert (r["MASTER_ADDR"], r["WORLD_SIZE"], r["RANK"]) == ("node2", "4", str(rank)), r
+        assert r["NODE_RANK"] == ("0" if rank < 2 else "1"), r
+        assert r["held"] == f"{r['pid']};" + r["held"].split(";")[1] + ";node2*2,node1*2", r
+        assert r["offer"] is None and "before it exec'ed" in r["why"], r
+        assert r["queried"] is False, r
+        assert (r["node_rank"], r["num_nodes"]) == ((0 if rank < 2 else 1), 2), r
+        assert r["node_rank_why"].startswith("PMIx placement"), r
+    assert len({r["MASTER_PORT"] for r in records}) == 1, records
