@@ -9,6 +9,8 @@
                                     an all-reduce, then the same MPI job as above
     pmix_probe.py guards            a forked and a spawned child, which inherited the PMIx
                                     variables, must refuse the service
+    pmix_probe.py plain-torch       an unmodified torch script (init_process_group("gloo") from
+                                    the environment); run with DISTENV_AUTO=1
     pmix_probe.py after-run         the command `distenv run` exec'ed: what it was given, and
                                     that it completes without asking the server again
 """
@@ -148,6 +150,20 @@ def guards_mode() -> None:
           "node_rank_why": e.provenance.get("node_rank")})
 
 
+def plain_torch() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    x = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(x)
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    dist.destroy_process_group()
+    emit({"truth": truth(), "sum": x.item(), "gloo_hosts": hosts,
+          **{k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}})
+
+
 def after_run() -> None:
     import distenv.pmix as pm
     from distenv.discovery import complete
@@ -170,6 +186,8 @@ if __name__ == "__main__":
         torch_mode(sys.argv[2])
     elif mode == "guards":
         guards_mode()
+    elif mode == "plain-torch":
+        plain_torch()
     elif mode == "after-run":
         after_run()
     else:

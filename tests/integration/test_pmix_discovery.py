@@ -44,8 +44,9 @@ TIMEOUT = 600
 
 
 def _ompi4_mpmd(cmd, extra):
-    return [ON_NODE, "node1", *OMPI4_FLAGS, *extra, "-np", "2", "-H", "node2:2", *cmd, ":",
-            "-np", "2", "-H", "node1:2", *cmd]
+    # `extra` (-x VAR) in both app contexts: MPMD options hold for their own context only
+    return [ON_NODE, "node1", *OMPI4_FLAGS, "-np", "2", "-H", "node2:2", *extra, *cmd, ":",
+            "-np", "2", "-H", "node1:2", *extra, *cmd]
 
 
 def _ompi5_node2_first(cmd, extra):
@@ -62,10 +63,10 @@ LAYOUTS = {
 }
 
 
-def records_of(lay: Layout, cmd, *, env=None, timeout=TIMEOUT):
+def records_of(lay: Layout, cmd, *, env=None, extra=(), timeout=TIMEOUT):
     """One record per rank, sorted by Open MPI's own rank; the launch must exit 0 with every
     rank reporting (harness.launch), and say nothing of a rank "exiting improperly"."""
-    result = harness.launch(lay, cmd, env=env, timeout=timeout)
+    result = harness.launch(lay, cmd, env=env, extra=extra, timeout=timeout)
     records = []
     for name, (out, err) in sorted(result["files"].items()):
         found = harness.parse_records(out)
@@ -179,4 +180,17 @@ def test_distenv_run_queries_once_and_execs(need, name):
         assert r["queried"] is False, r
         assert (r["node_rank"], r["num_nodes"]) == ((0 if rank < 2 else 1), 2), r
         assert r["node_rank_why"].startswith("PMIx placement"), r
+    assert len({r["MASTER_PORT"] for r in records}) == 1, records
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_zero_code_torch_script_with_distenv_auto(need, torch_python, name):
+    """An unmodified `init_process_group("gloo")` script under DISTENV_AUTO=1: the variables
+    exported at interpreter start come from PMIx, and the 4 ranks all-reduce."""
+    lay = need(LAYOUTS[name])
+    # Open MPI passes a variable to the other node's ranks only when told (-x)
+    records, _ = records_of(lay, [torch_python, PROBE, "plain-torch"], extra=("-x", "DISTENV_AUTO=1"))
+    for r in records:
+        assert (r["MASTER_ADDR"], r["WORLD_SIZE"], r["RANK"]) == ("node2", "4", str(r["truth"]["rank"])), r
+        assert r["sum"] == 10.0 and r["gloo_hosts"] == TWO_NODES, r
     assert len({r["MASTER_PORT"] for r in records}) == 1, records
