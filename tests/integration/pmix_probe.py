@@ -35,8 +35,14 @@ def emit(record: dict) -> None:
 
 
 def truth() -> dict:
-    """What Open MPI itself says about this rank (OMPI_COMM_WORLD_*)."""
+    """What the launcher itself says about this rank: Open MPI's OMPI_COMM_WORLD_*, or
+    SLURM's task variables (SLURM_GTIDS: the global ids of this node's tasks)."""
     get = os.environ.get
+    if "SLURM_PROCID" in os.environ:
+        gtids = [int(g) for g in get("SLURM_GTIDS", "").split(",") if g]
+        return {"rank": int(get("SLURM_PROCID")), "size": int(get("SLURM_NTASKS", "-1")),
+                "local_rank": int(get("SLURM_LOCALID", "-1")), "local_size": len(gtids),
+                "hostname": socket.gethostname()}
     return {"rank": int(get("OMPI_COMM_WORLD_RANK", "-1")), "size": int(get("OMPI_COMM_WORLD_SIZE", "-1")),
             "local_rank": int(get("OMPI_COMM_WORLD_LOCAL_RANK", "-1")),
             "local_size": int(get("OMPI_COMM_WORLD_LOCAL_SIZE", "-1")),
@@ -82,7 +88,7 @@ def discover_mode(libmpi: str) -> None:
               "before": before.to_dict(),
               "env": env.to_dict(), "why": dict(env.provenance), "seconds": took,
               "mode": answer.mode, "lib": answer.lib, "version": answer.version}
-    record["mpi"] = mpi_job(libmpi)
+    record["mpi"] = mpi_job(libmpi) if libmpi != "none" else None
     emit(record)
 
 

@@ -194,3 +194,29 @@ def test_zero_code_torch_script_with_distenv_auto(need, torch_python, name):
         assert (r["MASTER_ADDR"], r["WORLD_SIZE"], r["RANK"]) == ("node2", "4", str(r["truth"]["rank"])), r
         assert r["sum"] == 10.0 and r["gloo_hosts"] == TWO_NODES, r
     assert len({r["MASTER_PORT"] for r in records}) == 1, records
+
+
+#: srun --mpi=pmix with a layout SLURM's variables cannot place (arbitrary: rank 0 on node2,
+#: SLURM_NODEID=1 there): distenv reports master and node rank unknown without PMIx.
+SRUN_ARBITRARY = Layout("slurm", "pmix-arbitrary", "slurm2", 4, "slurm", "slurm",
+                        lambda cmd, extra: ["srun", "--mpi=pmix", "-N2", "-n4",
+                                            "--distribution=arbitrary", "-w",
+                                            "node2,node1,node1,node2", *extra, *cmd],
+                        ("node2", "node1"))
+
+
+def test_srun_mpi_pmix_arbitrary_layout(need):
+    lay = need(SRUN_ARBITRARY)
+    records, _ = records_of(lay, [harness.PY, PROBE, "discover", "none"])
+    hosts = ["node2", "node1", "node1", "node2"]
+    for r in records:
+        t, e, detail = r["truth"], r["env"], json.dumps({k: v for k, v in r.items() if k != "_stderr"})
+        assert t["hostname"] == hosts[t["rank"]], detail  # the layout is what it means to be
+        assert r["before"]["master_addr"] is None and r["before"]["node_rank"] is None, detail
+        assert (e["rank"], e["world_size"], e["local_rank"], e["local_world_size"]) == \
+            (t["rank"], 4, t["local_rank"], t["local_size"]), detail
+        for field, value in expected(hosts, t["rank"]).items():
+            assert e[field] == value, (field, detail)
+        assert r["why"]["master_addr"].startswith("PMIx placement (pmix.hname of every rank, slurmstepd"), detail
+        assert r["mode"] == "child", detail
+    assert len({r["env"]["master_port"] for r in records}) == 1, records
