@@ -302,11 +302,14 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             "inherit that binding: they will share it. Fix: let the launcher bind nothing "
             "(mpirun --bind-to none, or --map-by ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
     run_id = env.job_id or f"distenv-{env.master_port}"
+    host = str(env.master_addr)
+    if ":" in host and not host.startswith("["):  # an IPv6 address: torchrun's host:port needs [..]
+        host = f"[{host}]"
     argv_ = [python, "-m", "torch.distributed.run",
              "--nnodes", str(env.num_nodes), "--node-rank", str(env.node_rank),
              "--nproc-per-node", str(env.nproc_per_node),
              "--master-addr", str(env.master_addr), "--master-port", str(env.master_port),
-             "--rdzv-backend", "static", "--rdzv-endpoint", f"{env.master_addr}:{env.master_port}",
+             "--rdzv-backend", "static", "--rdzv-endpoint", f"{host}:{env.master_port}",
              "--rdzv-id", str(run_id), "--no-python",
              *with_local_rank(cmd, style, "${local_rank}")]
     return Plan(argv_, child, env, "torchrun", warnings)

@@ -59,8 +59,8 @@ class Hydra(Source):
         r.set("rank", value, f"{var}={value}")
         r.int_from(env, "world_size", "PMI_SIZE", who, minimum=1)
         if "PMI_SIZE" not in env:
-            r.notes.append("Hydra with -pmi-port gives no world size (no PMI_SIZE); "
-                           "set WORLD_SIZE or run mpiexec without -pmi-port")
+            r.notes.append("Hydra with -pmi-port gives no world size (no PMI_SIZE). Fix: run "
+                           "mpiexec without -pmi-port, or set WORLD_SIZE for every rank")
         r.int_from(env, "local_rank", "MPI_LOCALRANKID", who)
         r.int_from(env, "local_world_size", "MPI_LOCALNRANKS", who, minimum=1)
         r.int_from(env, "node_rank", "HYDRA_BSTRAP_NODE_ID", who)
@@ -76,7 +76,8 @@ class Hydra(Source):
                 break
         else:
             r.notes.append("MPICH reveals no job id: concurrent jobs on one machine share the "
-                           "default port unless MASTER_PORT is set")
+                           "default port. Fix: give each concurrent job its own MASTER_PORT "
+                           "(mpiexec -genv MASTER_PORT <port>)")
 
 
 SOURCE = Hydra()

@@ -27,7 +27,10 @@ Open MPI 4         when ORTE's own rule puts rank 0 there: ORTE lists the target
                    OMPI_MCA_orte_rankfile; ``--map-by seq`` / ``-mca rmaps seq``, which
                    follow the host file: measured rank 0 on node2). With a user mapping
                    OMPI_MCA_orte_num_nodes also differs between ranks (4 and 2 measured
-                   on two nodes), so the node count is unknown too.
+                   on two nodes), so the node count is unknown too. The address: the
+                   URI's first IPv4 one other than loopback, else its first global IPv6
+                   one (``tcp6://[fe80::..,2620::..]:port``, JAX's ompi_cluster example);
+                   a link-local IPv6 one is unusable without its zone, which the URI lacks.
 master_addr,       Unknown across nodes. PRRTE maps by its host list (-H, host file or
 Open MPI 5         allocation order), which no rank sees: ``-H node2:2,node1:2`` started
                    on node1 put rank 0 on node2 while ranks 2 and 3 on node1 saw exactly
@@ -58,7 +61,11 @@ def _small_int(text: str) -> bool:
 
 
 def hnp_address(uri: str) -> "str | None":
-    """The first IPv4 address in '<jobfam>.0;tcp://a,b:port;tcp6://[..]:port'."""
+    """The mpirun host's first usable address in
+    '<jobfam>.0;tcp://a,b:port;tcp6://[x,y]:port': an IPv4 one other than loopback, else a
+    global IPv6 one (unbracketed). A link-local IPv6 address (fe80::/10) is skipped: without
+    its zone (the interface, which the URI does not carry) no other host can connect to it."""
+    six: "str | None" = None
     for part in uri.split(";"):
         if part.startswith("tcp://"):
             addrs = part[len("tcp://"):].rsplit(":", 1)[0]
@@ -66,7 +73,20 @@ def hnp_address(uri: str) -> "str | None":
                 addr = addr.strip()
                 if addr and addr != "127.0.0.1":
                     return addr
-    return None
+        elif part.startswith("tcp6://[") and six is None:
+            inner = part[len("tcp6://["):].split("]", 1)[0]
+            six = next((a for a in (x.strip() for x in inner.split(",")) if _global_ipv6(a)), None)
+    return six
+
+
+def _global_ipv6(addr: str) -> bool:
+    import ipaddress  # lazy: only an IPv6-only URI gets here
+
+    try:
+        ip = ipaddress.IPv6Address(addr)
+    except ValueError:
+        return False
+    return not (ip.is_link_local or ip.is_loopback or ip.is_unspecified or ip.is_multicast)
 
 
 def user_mapping(env: "Env") -> "str | None":
@@ -92,6 +112,7 @@ class OpenMPI(Source):
     family = "mpi"
     prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps",
                 "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
+    covers = ("jax:ompi", "jax:prrte")  # JAX reads these variables too (jax/_src/clusters)
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
@@ -125,7 +146,11 @@ class OpenMPI(Source):
                 # More daemons than nodes with ranks (measured: set on ranks started by a
                 # remote daemon): mpirun runs a daemon on a host that has no rank.
                 self._not_on_mpirun_host(r, "OMPI_MCA_ess_base_num_procs > OMPI_MCA_orte_num_nodes")
-            elif addr and self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
+            elif addr is None:
+                if nodes != 1 and r.get("world_size") != r.get("local_world_size"):
+                    self._unknown(r, "OMPI_MCA_orte_hnp_uri lists no address another node can "
+                                     "reach (only loopback or link-local IPv6, which needs its zone)")
+            elif self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
                 r.set("master_addr", addr,
                       "OMPI_MCA_orte_hnp_uri (the mpirun host: ORTE maps rank 0 to the first "
                       "target node, mpirun's own)")
@@ -162,8 +187,9 @@ class OpenMPI(Source):
     @staticmethod
     def _not_on_mpirun_host(r: "Reading", var: str) -> None:
         r.notes.append(
-            f"mpirun's host runs no rank here ({var}), so rank 0's address is unknown: "
-            "start mpirun on the first node of the job, or set MASTER_ADDR"
+            f"mpirun's host runs no rank here ({var}), so rank 0's address is unknown. Fix: "
+            "start mpirun on the first node of the job, or mpirun -x MASTER_ADDR=<rank 0's "
+            "host>, or call distenv.discover()"
         )
 
     @staticmethod

@@ -75,3 +75,27 @@ def test_openmpi5_mpirun_outside_the_job_gives_no_master():
                PMIX_SERVER_URI4="prterun-vm-31601@0.1;tcp4://127.0.0.1:45067")
     got = resolve(env)
     assert got.master_addr is None and any("MASTER_ADDR" in n for n in got.notes)
+
+
+# The peer's case: JAX's ompi_cluster.py comment example of an Open MPI 4 HNP URI with IPv6
+# addresses only. distenv left the master unknown without a note.
+TCP6 = "1314521088.0;tcp6://[fe80::b9b:ac5d:9cf0:b858,2620:10d:c083:150e::3000:2]:43370"
+
+
+def test_ipv6_only_hnp_uri_gives_the_global_address_not_the_link_local_one():
+    env = resolve(ompi(0, 4, 0, 2, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_orte_hnp_uri=TCP6))
+    assert env.master_addr == "2620:10d:c083:150e::3000:2"
+    assert "OMPI_MCA_orte_hnp_uri" in env.provenance["master_addr"]
+
+
+def test_link_local_only_hnp_uri_leaves_the_master_unknown_with_a_note():
+    env = resolve(ompi(0, 4, 0, 2, OMPI_MCA_orte_num_nodes="2",
+                       OMPI_MCA_orte_hnp_uri="1314521088.0;tcp6://[fe80::b9b:ac5d:9cf0:b858]:43370"))
+    assert env.master_addr is None
+    assert any("link-local" in n and "MASTER_ADDR" in n for n in env.notes), env.notes
+
+
+def test_ipv4_still_wins_over_ipv6():
+    uri = "1.0;tcp://10.0.0.5:1;" + TCP6.split(";", 1)[1]
+    env = resolve(ompi(0, 4, 0, 2, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_orte_hnp_uri=uri))
+    assert env.master_addr == "10.0.0.5"
