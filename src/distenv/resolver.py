@@ -86,6 +86,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     )
     if r.values.get("platform") is None:
         r.why["platform"] = "no platform variables found"
+    _note_unknowns(r, source)
     # 8. which host runs every rank, where the launch proves it (built on first access). Every
     # rule starts from a host list, so a launch without one does not even import the rules.
     if r.values.get("hosts") is not None:
@@ -254,6 +255,9 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
     if r.launch != PER_NODE:
         return
 
+    if r.nproc_from_world:
+        _nproc_from_world(r, want, want_why)
+        return
     if want is not None:
         nproc, why = want, str(want_why)  # a str whenever want is set
     elif r.nproc_source is not None:
@@ -278,6 +282,34 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
         r.set("local_world_size", nproc, why)
         if nodes is not None:
             r.set("world_size", nodes * nproc, f"num_nodes x nproc_per_node = {nodes} x {nproc}")
+
+
+def _nproc_from_world(r: Reading, want: "int | None", want_why: "str | None") -> None:
+    """A per-node launch that gives the total process count, not the processes per node
+    (Lightning's on-prem launch): those come from DISTENV_NPROC_PER_NODE (or the framework,
+    later), and num_nodes = world_size / them, which must be a whole number."""
+    size = r.get("world_size")
+    if want is None:
+        r.notes.append(
+            f"a per-node launch that gives the total number of processes (world_size={size}) "
+            "but not how many run on each node: the Trainer's "
+            "devices (Lightning) or DISTENV_NPROC_PER_NODE=<workers per node> give them "
+            "(distenv run: --nproc-per-node)")
+        return
+    if size is None:
+        return
+    if size % want:
+        raise DistEnvError(
+            f"{want_why} but the launch's world_size={size} ({r.why.get('world_size')}) is not "
+            f"a multiple of it: the nodes cannot each run {want}. Fix: make WORLD_SIZE = nodes x "
+            "workers per node, or give the number of workers each node runs.")
+    r.set("nproc_per_node", want, str(want_why))
+    r.set("local_world_size", want, str(want_why))
+    r.set("num_nodes", size // want, f"world_size / nproc_per_node = {size} / {want}")
+    if want == 1:  # the node is the worker
+        r.launch = PER_PROCESS
+        r.set("rank", r.get("node_rank"), f"{r.why.get('node_rank')} (one worker per node: rank = node rank)")
+        r.set("local_rank", 0, "one worker per node")
 
 
 def _contradicts_want(want_why: "str | None", source: "Source", local: int, r: Reading) -> "NoReturn":
@@ -343,6 +375,39 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
                   "derived from the process id (a single process); see distenv.ports")
         else:
             r.set("master_port", ports.TORCH_DEFAULT, "torch's default (no job id to derive one from)")
+
+
+#: field -> the variable that would give it, for the note on an unknown field.
+_UNKNOWN = (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
+            ("local_world_size", "LOCAL_WORLD_SIZE"), ("node_rank", "NODE_RANK"),
+            ("num_nodes", "num_nodes"), ("nproc_per_node", "nproc_per_node"),
+            ("master_addr", "MASTER_ADDR"))
+
+
+def _note_unknowns(r: Reading, source: "Source") -> None:
+    """Every unknown field carries a note saying what to do (docs/inferences.md): one note for
+    the fields no source note names already. A per-node launch's workers are not started yet,
+    so their rank and local rank are unknown by nature."""
+    v = r.values
+    missing = [(f, var) for f, var in _UNKNOWN if v.get(f) is None
+               and not (r.launch == PER_NODE and f in ("rank", "local_rank"))]
+    if not missing:
+        return
+    said = " ".join(r.notes)
+    left = [(f, var) for f, var in missing if f not in said and var not in said]
+    if not left:
+        return
+    names = ", ".join(f for f, _ in left)
+    exported = [var for f, var in left if var.isupper()]
+    fix = "call distenv.discover() (it asks the launcher's service or the other ranks)"
+    if exported:
+        fix += f", or export {', '.join(exported)} to every process"
+    if [f for f, _ in left] == ["nproc_per_node"]:
+        fix = ("nothing, unless your framework needs the same number on every node; then "
+               "launch an equal count per node")
+        names += " (the nodes may run different numbers of processes)"
+    r.notes.append(f"unknown here: {names} ({source.title} does not reveal {'it' if len(left) == 1 else 'them'}). "
+                   f"Fix: {fix}")
 
 
 # -- 7. checks ---------------------------------------------------------------------------

@@ -134,3 +134,46 @@ def test_every_platform_fixture_is_checked_by_its_source_file():
         path = os.path.join(HERE, "sources", f"test_{source}.py")
         with open(path) as f:
             assert f'documented("{source}")' in f.read(), path
+
+
+# -- every unknown carries a note (docs/inferences.md) -------------------------------------------
+def _every_case():
+    import json
+    import os
+
+    from envs import FIXTURES, PLATFORM_CASES, platform_case, recorded
+
+    for name in PLATFORM_CASES:
+        yield name, platform_case(name)["env"]
+    folder = os.path.join(FIXTURES, "launchers")
+    for f in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, f)) as fh:
+            count = len(json.load(fh)["ranks"])
+        for r in range(count):
+            yield f"{f[:-5]}#{r}", recorded(f[:-5], r)
+
+
+_VARS = {"rank": "RANK", "world_size": "WORLD_SIZE", "local_rank": "LOCAL_RANK",
+         "local_world_size": "LOCAL_WORLD_SIZE", "node_rank": "NODE_RANK",
+         "num_nodes": "num_nodes", "nproc_per_node": "nproc_per_node", "master_addr": "MASTER_ADDR"}
+
+
+def test_every_unknown_field_of_every_documented_and_recorded_case_has_a_note():
+    from distenv import DistEnvError
+
+    seen, missing = 0, []
+    for name, environ in _every_case():
+        try:
+            env = resolve(environ)
+        except DistEnvError:
+            continue  # a documented error case: the error says it
+        for field, var in _VARS.items():
+            if getattr(env, field) is not None:
+                continue
+            if env.launch == "per-node" and field in ("rank", "local_rank"):
+                continue  # the workers are not started yet
+            seen += 1
+            if not any((field in n or var in n) and "Fix:" in n for n in env.notes):
+                missing.append((name, field, env.notes))
+    assert seen > 20, "the fixtures must include unknown fields for this test to mean anything"
+    assert not missing, missing
