@@ -123,7 +123,9 @@ def main():
     if args.no_plugin:
         extra = {"accelerator": "cpu"}
     else:
-        extra = {"accelerator": "cpu", "plugins": [DistenvEnvironment()], **trainer_kwargs()}
+        extra = {"accelerator": "cpu", "plugins": [DistenvEnvironment()]}
+        if args.devices is None:  # else the Trainer's own values, which the plugin checks
+            extra.update(trainer_kwargs())
     if args.devices is not None:
         extra["devices"] = args.devices
     if args.num_nodes is not None:

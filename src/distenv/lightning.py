@@ -21,6 +21,10 @@ What it does, by launch (see `distenv.resolve`):
   one process per node and ``DISTENV_NPROC_PER_NODE=2``, or an Azure ML MPI job with
   ``process_count_per_node=1`` on GPU nodes): Lightning starts ``devices`` workers on each
   node, with distenv's node rank, node count, master address and port.
+* **Lightning's on-prem launch** (its guide: ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` =
+  the total number of processes and ``NODE_RANK`` on each node, then ``python train.py`` with
+  ``Trainer(devices=N, num_nodes=M)``): a per-node launch whose workers per node are the
+  Trainer's devices; ``N x M`` must be ``WORLD_SIZE`` (else a `DistEnvError` naming both).
 * **no launcher** (``python train.py``): one node; Lightning may start ``devices`` workers
   itself, as it does without a plugin.
 
@@ -80,6 +84,13 @@ def settings(env: DistEnv) -> "tuple[int, int]":
     if env.launcher == "none" and env.launch == PER_PROCESS:
         return 1, 1
     if env.launch == PER_NODE:
+        if env.nproc_per_node is None and env.world_size is not None:
+            # Lightning's on-prem launch: WORLD_SIZE is the total, the Trainer gives devices.
+            raise DistEnvError(
+                f"this per-node launch gives world_size={env.world_size} "
+                f"({env.provenance.get('world_size', '')}) but not the workers per node, which "
+                "the Trainer gives. Fix: Trainer(devices=<workers per node>, num_nodes="
+                f"{env.world_size}/<workers per node>), or set DISTENV_NPROC_PER_NODE.")
         if env.nproc_per_node is None or env.num_nodes is None:
             raise DistEnvError(
                 f"per-node launch with nproc_per_node={env.nproc_per_node}, num_nodes="
@@ -137,6 +148,8 @@ def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | N
                 f"({env.provenance.get('launcher', '')}); nothing starts it on other nodes. Fix: "
                 "Trainer(num_nodes=1), or start one process per node or per worker with your "
                 "launcher (srun, mpirun, torchrun) and use **distenv.lightning.trainer_kwargs().")
+    if env.launch == PER_NODE and env.nproc_per_node is None and env.world_size is not None:
+        return _world_mismatch(env, num_devices, num_nodes)
     devices, nodes = settings(env)
     if (num_devices, num_nodes) == (devices, nodes):
         return None
@@ -152,6 +165,25 @@ def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | N
     return (f"Trainer(devices={num_devices}, num_nodes={num_nodes}) contradicts the launch: "
             f"{what}. Fix: Trainer(devices={devices}, num_nodes={nodes}), i.e. "
             "Trainer(..., **distenv.lightning.trainer_kwargs()).")
+
+
+def _world_mismatch(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":
+    """Lightning's on-prem launch (WORLD_SIZE = the total, NODE_RANK, the Trainer's devices):
+    devices x num_nodes must be WORLD_SIZE, and this node one of them."""
+    size, node = env.world_size, env.node_rank
+    assert size is not None
+    if num_devices * num_nodes == size and (node is None or node < num_nodes):
+        return None
+    if num_devices * num_nodes != size:
+        fit = (f"Trainer(devices={num_devices}, num_nodes={size // num_devices})"
+               if size % num_devices == 0 else "devices x num_nodes = WORLD_SIZE")
+        return (f"Trainer(devices={num_devices}, num_nodes={num_nodes}) makes "
+                f"{num_devices * num_nodes} processes but the launch says world_size={size} "
+                f"({env.provenance.get('world_size', '')}). Fix: {fit}, or set WORLD_SIZE to "
+                "the total number of processes on every node.")
+    return (f"Trainer(num_nodes={num_nodes}) but this node's node_rank={node} "
+            f"({env.provenance.get('node_rank', '')}). Fix: NODE_RANK 0..{num_nodes - 1}, one "
+            "per node, or the Trainer's num_nodes.")
 
 
 # -- registration with the Lightning packages -------------------------------------------------------
@@ -261,7 +293,12 @@ def _launch_environment(connector: Any) -> "DistenvEnvironment | None":
         return flag if isinstance(flag, DistenvEnvironment) else None
     if "_distenv_environment" not in connector.__dict__:
         env = DistenvEnvironment()
-        connector._distenv_environment = env if env.env.launcher != "none" else None
+        from .sources import adapter_acts
+
+        # No launcher: Lightning's own choice (its XLA environment on a TPU VM, ...); a launch
+        # whose source leaves torch frameworks alone (a TPU pod: torch-xla numbers per chip).
+        acts = env.env.launcher != "none" and adapter_acts(env.env.launcher, "lightning")
+        connector._distenv_environment = env if acts else None
     found: "DistenvEnvironment | None" = connector._distenv_environment
     return found
 
@@ -270,6 +307,8 @@ def _launch_devices(env: DistEnv, devices: Any, num_nodes: int) -> "tuple[Any, i
     """Trainer(devices=, num_nodes=) with the defaults filled from the launch."""
     if devices != "auto":
         return devices, num_nodes  # explicit: validate_settings checks it against the launch
+    if env.launch == PER_NODE and env.nproc_per_node is None and env.world_size is not None:
+        return devices, num_nodes  # the Trainer's devices decide; validate_settings checks them
     launch_devices, launch_nodes = settings(env)
     return launch_devices, (launch_nodes if num_nodes == 1 else num_nodes)
 
@@ -332,6 +371,7 @@ class DistenvEnvironment:
         self._env = _resolve(environ, overrides)
         self._global_rank: "int | None" = None
         self._world_size: "int | None" = None
+        self._devices: "int | None" = None  # the Trainer's devices, once validated
         if self._env.launch == PER_PROCESS and self._env.is_distributed and (
                 self._env.rank is None or self._env.world_size is None):
             from .export import missing_message
@@ -425,7 +465,7 @@ class DistenvEnvironment:
             rank = self._env.rank
             assert rank is not None  # __init__ refused a distributed launch without it
             return rank
-        nproc = self._env.nproc_per_node or 1
+        nproc = self._env.nproc_per_node or self._devices or 1
         return (self._env.node_rank or 0) * nproc + self.local_rank()
 
     def set_global_rank(self, rank: int) -> None:
@@ -461,6 +501,7 @@ class DistenvEnvironment:
         message = mismatch_message(self._env, num_devices, num_nodes)
         if message:
             raise DistEnvError(message)
+        self._devices = int(num_devices)
         if _spawns(self._env) and "LOCAL_RANK" not in self._environ:
             self._warn_if_bound(num_devices)
             self._environ[WORKER_VAR] = hand_off(self._env, num_devices, num_nodes)

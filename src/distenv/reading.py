@@ -67,7 +67,8 @@ def parse_json(raw: str, name: str) -> Any:
 class Reading:
     """Fields a source found, each with why. Mutable while resolving, then frozen into DistEnv."""
 
-    __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source", "addr_explicit")
+    __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source", "addr_explicit",
+                 "nproc_from_world")
 
     def __init__(self) -> None:
         self.values: "dict[str, Any]" = {}
@@ -78,6 +79,10 @@ class Reading:
         self.port_key: "str | None" = None  # job identity for deriving a port every rank agrees on
         self.nproc_source: "tuple[str, str] | None" = None  # (raw value, why) of a platform's own processes-per-node hint
         self.addr_explicit = False  # the master address was named outright (not inferred)
+        # A per-node launch that gives the total process count (world_size) but not the processes
+        # per node: those come from DISTENV_NPROC_PER_NODE or the framework (the Trainer's
+        # devices), never from a default, and num_nodes = world_size / them.
+        self.nproc_from_world = False
 
     def set(self, field: str, value: Any, why: str) -> None:
         if value is not None:

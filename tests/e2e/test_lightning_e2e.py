@@ -26,7 +26,7 @@ import subprocess
 import pytest
 
 import harness
-from launch_pool import Job, jobs, local, openmpi4_nodes, single  # noqa: F401  (jobs: fixture)
+from launch_pool import Job, _json_lines, jobs, local, openmpi4_nodes, single  # noqa: F401  (jobs: fixture)
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
 
@@ -181,3 +181,58 @@ def test_adapter_unit_tests_in_the_venv():
                             "DISTENV_REQUIRE_FRAMEWORK": "lightning"})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert " passed" in p.stdout and " failed" not in p.stdout, p.stdout[-2000:]
+
+
+# -- Lightning's on-prem launch, as its guide says ----------------------------------------------
+def _onprem_node(node: int, port: int, package: str) -> "subprocess.Popen[str]":
+    """One "node" of Lightning's "Run on an on-prem cluster (intermediate)": MASTER_ADDR,
+    MASTER_PORT, WORLD_SIZE (every process of the job) and NODE_RANK set by hand, then the
+    script with Trainer(devices=2, num_nodes=2): Lightning starts the node's 2 workers."""
+    from launch_pool import interpreter
+
+    python, why = interpreter("lightning")
+    if python is None:
+        pytest.skip(why)
+    env = harness.clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                             "WORLD_SIZE": "4", "NODE_RANK": str(node), "DISTENV_TIMEOUT": "120",
+                             "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(["timeout", "-k", "5", "400", python, EXAMPLE, "--package", package,
+                             "--devices", "2", "--num-nodes", "2"], env=env, cwd="/",
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+@pytest.mark.jobs(f"lt-single-{pkg('lightning')}")
+def test_lightning_onprem_launch_two_nodes_equals_one_process(jobs):
+    """The peer's case: Lightning's on-prem guide. Two "nodes" (two process groups on this host),
+    each given only the four variables, with the plugin: one 4-process job whose result equals
+    the single-process run's (distenv used to refuse it: "set RANK too")."""
+    import socket
+
+    package = pkg("lightning")
+    with socket.socket() as s:  # the port is held by no one between here and the job's start
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [_onprem_node(n, port, package) for n in (0, 1)]
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=460)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            out, err = p.communicate()
+        outs.append((p.returncode, out, err))
+    for rc, out, err in outs:
+        assert rc == 0, f"exit {rc}\n{out[-3000:]}\n{err[-6000:]}"
+    found = [r for r in _json_lines(outs[0][1]) if r.get("example") == "lightning_trainer"]
+    assert len(found) == 1, outs[0]
+    out = found[0]
+    assert out["environment"] == "DistenvEnvironment" and out["strategy"] == "DDPStrategy", out
+    assert (out["world_size"], out["devices"], out["num_nodes"]) == (4, 2, 2), out
+    assert out["ranks"] == [0, 1, 2, 3] and out["node_ranks"] == [0, 0, 1, 1], out
+    assert out["local_ranks"] == [0, 1, 0, 1] and len(set(out["pids"])) == 4, out
+    assert len(set(out["checksums"])) == 1, out
+    ref = summary(jobs.result(f"lt-single-{package}"))
+    assert out["steps"] == ref["steps"], (out, ref)
+    assert close(out["final_loss"], ref["final_loss"]), (out["final_loss"], ref["final_loss"])
+    assert close(out["checksum"], ref["checksum"]), (out["checksum"], ref["checksum"])

@@ -60,7 +60,7 @@ def hand_off(env: "DistEnv", devices: int, num_nodes: int) -> str:
     `devices` workers per node that Lightning starts on each of `num_nodes` nodes."""
     import json
 
-    node = env.replace(nproc_per_node=devices, local_world_size=devices,
+    node = env.replace(nproc_per_node=devices, local_world_size=devices, num_nodes=num_nodes,
                        world_size=devices * num_nodes, rank=None, local_rank=None).to_dict()
     node["launch"] = "per-node"
     if node.get("rank_hosts") is not None and len(node["rank_hosts"]) != devices * num_nodes:

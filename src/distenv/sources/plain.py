@@ -5,12 +5,22 @@ older `torch.distributed.launch`. RANK without WORLD_SIZE (or the reverse) canno
 trusted and is an error; LOCAL_RANK alone (e.g. `--local_rank` style scripts) is fine only
 when it is 0.
 
+Lightning's on-prem launch ("Run on an on-prem cluster": on every node MASTER_ADDR,
+MASTER_PORT, WORLD_SIZE = the total number of processes and NODE_RANK, then one
+``python train.py`` per node whose Trainer(devices=N, num_nodes=M) starts the node's N
+workers) is a *per-node* launch: WORLD_SIZE and NODE_RANK with neither RANK nor LOCAL_RANK.
+It is read as Lightning reads it (``LightningEnvironment``: ``creates_processes_externally``
+is False without LOCAL_RANK, ``node_rank`` from NODE_RANK, the world from WORLD_SIZE); the
+processes per node are not in the environment: DISTENV_NPROC_PER_NODE or the Trainer's
+``devices`` give them, and num_nodes = WORLD_SIZE / processes per node (not a whole number:
+an error naming both).
+
 Inferred (docs/inferences.md): nothing; the resolver's one-node rules apply.
 """
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..description import PER_NODE, PER_PROCESS
 from ..errors import DistEnvError
 from ..reading import get_int
 from . import Source
@@ -36,6 +46,23 @@ class Plain(Source):
             size = get_int(env, "WORLD_SIZE") if has_size else None
             if size == 1:  # WORLD_SIZE=1 alone describes a single process truthfully
                 return True
+            if _per_node(env):
+                return True
+            if has_size and "LOCAL_RANK" in env:
+                raise DistEnvError(
+                    f"WORLD_SIZE={env['WORLD_SIZE']!r} and LOCAL_RANK={env['LOCAL_RANK']!r} are "
+                    "set but RANK is not, and no launcher variables were found. Fix: a worker "
+                    "needs RANK too; a process per node (whose workers Lightning or `distenv "
+                    "run` starts) has NODE_RANK and no LOCAL_RANK: unset LOCAL_RANK there."
+                )
+            if has_size:
+                raise DistEnvError(
+                    f"WORLD_SIZE={env['WORLD_SIZE']!r} is set but neither RANK nor NODE_RANK is, "
+                    "and no launcher variables were found. Fix: for one process per node whose "
+                    "workers Lightning or `distenv run` starts, set NODE_RANK (and MASTER_ADDR, "
+                    "MASTER_PORT) on each node; for one process per worker set RANK; or unset "
+                    "WORLD_SIZE, or run under your launcher (mpirun, srun, torchrun)."
+                )
             raise DistEnvError(
                 f"{present}={env[present]!r} is set but {missing} is not, and no launcher "
                 f"variables were found. Fix: set {missing} too, unset {present}, or run under "
@@ -53,6 +80,9 @@ class Plain(Source):
         return True
 
     def read(self, env: "Env", r: "Reading") -> None:
+        if _per_node(env):
+            self._read_per_node(env, r)
+            return
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         if "RANK" not in env:
@@ -68,6 +98,25 @@ class Plain(Source):
         if env.get("MASTER_ADDR"):
             r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR")
         r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)
+
+    def _read_per_node(self, env: "Env", r: "Reading") -> None:
+        """Lightning's on-prem launch: this process stands for node NODE_RANK of a job of
+        WORLD_SIZE processes (see the module docstring)."""
+        r.launch = PER_NODE
+        r.int_from(env, "node_rank", "NODE_RANK", self.title)
+        size = r.int_from(env, "world_size", "WORLD_SIZE", self.title, minimum=1)
+        r.why["world_size"] = f"WORLD_SIZE={size} (the total number of processes, as Lightning's on-prem launch sets it)"
+        r.nproc_from_world = True
+        if env.get("MASTER_ADDR"):
+            r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR")
+        r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)
+
+
+def _per_node(env: "Env") -> bool:
+    """WORLD_SIZE and NODE_RANK without RANK or LOCAL_RANK: one process per node (Lightning's
+    on-prem launch). With LOCAL_RANK the process is a worker, whose RANK must be given."""
+    return ("WORLD_SIZE" in env and "NODE_RANK" in env and "RANK" not in env
+            and "LOCAL_RANK" not in env)
 
 
 SOURCE = Plain()
