@@ -85,10 +85,13 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
         from .discovery import complete
 
         found = complete(found, need=("master_addr", "world_size"))
-    before = {name: target.get(name) for name in _EXPORTED_NAMES}
-    written = found.export(target)
-    exported.update({name: before.get(name) for name in written})
     env = found
+    if _acts("torch"):
+        # torch's variables; a source whose ranks are not torch's (a TPU pod's hosts, while
+        # torch-xla numbers chips) gets none.
+        before = {name: target.get(name) for name in _EXPORTED_NAMES}
+        written = found.export(target)
+        exported.update({name: before.get(name) for name in written})
     if found.launch == PER_NODE and not target.get("DISTENV_RUN"):
         from .log import get_logger  # lazy: logging costs milliseconds at interpreter start
 
@@ -144,6 +147,13 @@ def deactivate(environ: "MutableMapping[str, str] | None" = None) -> None:
     env = None
 
 
+def _acts(adapter_module: str) -> bool:
+    """Does the resolved launch's source let this adapter act (`Source.adapters`)?"""
+    from .sources import adapter_acts
+
+    return adapter_acts(env.launcher if env is not None else None, adapter_module.rsplit(".", 1)[-1])
+
+
 def _run_pending() -> None:
     while _pending:
         name = _pending.pop(0)
@@ -152,6 +162,14 @@ def _run_pending() -> None:
             continue
         key = f"{entry[0]}:{entry[1]}"
         if key in skipped or (key in applied and key not in EACH_IMPORT):
+            continue
+        if env is not None and not _acts(entry[0]):
+            # The launch's source leaves this framework to its own set-up (a TPU pod and
+            # torch-xla): say so once, patch nothing.
+            skipped[key] = f"{env.launcher} leaves {name} to its own set-up (Source.adapters)"
+            from .log import get_logger
+
+            get_logger(__name__).info(f"{name} is not patched: {skipped[key]}.")
             continue
         import importlib
 

@@ -488,17 +488,28 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
     over the launch; other keywords go to it unchanged. `env`: a DistEnv or a mapping to read
     instead of os.environ. `port`: the coordinator port. `timeout`: seconds every process waits
     for the others (default DISTENV_TIMEOUT, else 180). A single process binds its devices and
-    does not start the runtime (nothing to coordinate).
+    does not start the runtime (nothing to coordinate) -- unless distenv found no launcher and
+    JAX's own detection finds a cluster no distenv source reads (`own_detection`: a Cloud TPU
+    VM, Kubernetes): then JAX's ``initialize()`` runs with JAX's own values.
     """
     import jax
 
     original = jax.distributed.initialize
     if getattr(original, "_distenv", False):  # patched: the pre-flight must not run twice
         original = original.__wrapped__
-    p = plan(env, port=port, timeout=timeout, coordinator_address=coordinator_address,
+    explicit = coordinator_address is not None or num_processes is not None or process_id is not None
+    d, src = _inputs(env, None)
+    cluster = _defer(d, jax, explicit or local_device_ids is not None)
+    if cluster is not None:
+        original(**kwargs)
+        out = {"initialized": True, "jax_cluster": cluster, "env": d,
+               "why": {"num_processes": f"JAX's own {cluster!r} detection (no launcher variables)"}}
+        _last.clear()
+        _last.update(out)
+        return out
+    p = plan(d, environ=src, port=port, timeout=timeout, coordinator_address=coordinator_address,
              num_processes=num_processes, process_id=process_id,
              local_device_ids=local_device_ids, discover=True)
-    explicit = coordinator_address is not None or num_processes is not None or process_id is not None
     _apply_devices(p, jax)
     _last.clear()
     _last.update(p)
@@ -508,6 +519,44 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
     else:
         p["initialized"] = False
     return p
+
+
+def own_detection(jax: "Any") -> "str | None":
+    """The cluster JAX's own detection finds (``jax/_src/clusters``: Cloud TPU/GCE, Kubernetes,
+    ...) among those no distenv source covers (`Source.covers`), or None. Asked only when
+    distenv found no launcher: there "one process" is distenv's default, not a proof, and a
+    platform JAX knows must keep its own answer (never ``num_processes=1`` over it). Opt-in
+    detections (mpi4py) are not asked; one that fails counts as absent."""
+    import importlib
+
+    try:
+        types = list(importlib.import_module("jax._src.clusters").ClusterEnv._cluster_types)
+    except (ImportError, AttributeError):  # a JAX without this registry: nothing to ask
+        return None
+    from .sources import covered
+
+    mine = covered("jax")
+    for cls in types:
+        name = getattr(cls, "name", cls.__name__)
+        if getattr(cls, "opt_in_only_method", False) or name in mine:
+            continue
+        try:
+            if cls.is_env_present():
+                return str(name)
+        except Exception:  # noqa: BLE001 - a detection that cannot run has found nothing
+            continue
+    return None
+
+
+def _defer(d: DistEnv, jax: "Any", explicit: bool) -> "str | None":
+    """JAX's own cluster, when distenv found no launcher and the caller named nothing."""
+    if explicit or d.launcher != "none":
+        return None
+    found = own_detection(jax)
+    if found is not None:
+        _log().info("no launcher variables found, but JAX's own detection finds a %r cluster: "
+                    "jax.distributed.initialize runs with JAX's values", found)
+    return found
 
 
 # -- zero code ----------------------------------------------------------------------------------
@@ -538,6 +587,8 @@ def patch() -> None:
         if given.pop("cluster_detection_method", None) is not None and not named:
             # The user asked for one of JAX's own detections: theirs, unchanged.
             return current(*args, **kwargs)
+        if not named and _defer(_inputs(None, None)[0], jax, False) is not None:
+            return current(*args, **kwargs)  # a platform JAX knows and distenv does not
         p = plan(discover=True, **named)
         _apply_devices(p, jax)
         _last.clear()
@@ -561,4 +612,4 @@ def unpatch() -> None:
 
 
 __all__ = ["initialize", "plan", "patch", "unpatch", "preflight", "coordinator_port",
-           "device_plan", "processes"]
+           "device_plan", "processes", "own_detection"]

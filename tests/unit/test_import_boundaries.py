@@ -36,6 +36,7 @@ SHARED = (
     "distenv.log",                   # the distenv logger
     "distenv._teardown",             # an orderly end of a process group at exit
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
+    "distenv.sources",               # what a launch's source declares (adapter_acts, covered)
 )
 #: Modules outside the standard library a core module may import (lazily), and where.
 CORE_EXTERNAL = {"distenv.discovery": {"mpi4py"}}

@@ -43,6 +43,16 @@ class Source:
     #: Prefixes (or whole names) of the variables this launcher or platform sets (the doctor
     #: shows them).
     prefixes: "tuple[str, ...]" = ()
+    #: The distenv adapters (module names: "jax", "lightning", "transformers", "torch", ...)
+    #: whose zero-code paths act on this launch; None: every one. The others leave the
+    #: framework's own set-up alone (a TPU pod: torch-xla numbers processes per chip, not per
+    #: host, so the host-level ranks must not reach torch's variables).
+    adapters: "tuple[str, ...] | None" = None
+    #: Frameworks' own launch detections ("framework:name", e.g. "jax:slurm") that read the
+    #: environments this source reads: where distenv resolves a launch (or proves a single
+    #: process), those are not asked. A framework detection no source covers is left alone
+    #: when distenv finds no launcher (`covered`).
+    covers: "tuple[str, ...]" = ()
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
@@ -94,6 +104,7 @@ LAUNCHERS = [
     Entry("flux", "flux", ("FLUX_TASK_RANK",)),
     Entry("lsf", "lsf", ("JSM_NAMESPACE_RANK",)),
     Entry("slurm", "slurm", ("SLURM_STEP_ID", "SLURM_STEPID")),
+    Entry("gke_tpu", "gke_tpu", ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES")),
     Entry("kubeflow", "kubeflow", ("PET_NNODES", "PET_NODE_RANK")),
     Entry("gcp", "gcp", ("CLUSTER_SPEC",)),
     Entry("sagemaker", "sagemaker", ("SM_HOSTS",)),
@@ -145,6 +156,20 @@ def family(launcher: "str | None") -> str:
         return ""
     entry = find(launcher)
     return entry.load().family if entry is not None else ""
+
+
+def adapter_acts(launcher: "str | None", adapter: str) -> bool:
+    """Does the zero-code `adapter` ("torch", "jax", ...) act on a launch by `launcher`?
+    (`Source.adapters`; an unknown name: yes.)"""
+    entry = find(launcher) if launcher else None
+    allowed = entry.load().adapters if entry is not None else None
+    return allowed is None or adapter in allowed
+
+
+def covered(framework: str) -> "frozenset[str]":
+    """The names of `framework`'s own launch detections some source covers (`Source.covers`)."""
+    prefix = framework + ":"
+    return frozenset(c[len(prefix):] for s in _all_sources() for c in s.covers if c.startswith(prefix))
 
 
 def launchers_of(family_name: str) -> "tuple[str, ...]":

@@ -141,6 +141,7 @@ class Slurm(Source):
     title = "SLURM"
     family = "slurm"
     prefixes = ('SLURM_',)
+    covers = ("jax:slurm",)  # JAX reads these variables too (jax/_src/clusters)
     aliases = ("slurm", "srun")
     can_be_per_node = True
 
