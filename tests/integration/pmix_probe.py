@@ -7,6 +7,8 @@
                                     launcher's truth of where every rank runs
     pmix_probe.py torch LIBMPI      distenv.torch.init_process_group("gloo") with no MASTER_ADDR,
                                     an all-reduce, then the same MPI job as above
+    pmix_probe.py mpi4py            discover(method="auto"), then mpi4py's MPI_Init, an all-reduce
+                                    and an all-gather; MPI_Finalize left to mpi4py at exit
     pmix_probe.py guards            a forked and a spawned child, which inherited the PMIx
                                     variables, must refuse the service
     pmix_probe.py plain-torch       an unmodified torch script (init_process_group("gloo") from
@@ -25,8 +27,6 @@ import sys
 import time
 
 MARK = "DISTENV-PROBE "
-# mpi4py must not be what makes discovery work: hide it (method="auto" once demanded it)
-sys.modules["mpi4py"] = None  # type: ignore[assignment]
 
 
 def emit(record: dict) -> None:
@@ -75,6 +75,8 @@ def mpi_job(libmpi: str) -> dict:
 
 
 def discover_mode(libmpi: str) -> None:
+    # mpi4py must not be what makes discovery work: hide it (method="auto" once demanded it)
+    sys.modules["mpi4py"] = None  # type: ignore[assignment]
     had_master = "MASTER_ADDR" in os.environ
     import distenv
     import distenv.pmix as pmix
@@ -90,6 +92,22 @@ def discover_mode(libmpi: str) -> None:
               "mode": answer.mode, "lib": answer.lib, "version": answer.version}
     record["mpi"] = mpi_job(libmpi) if libmpi != "none" else None
     emit(record)
+
+
+def mpi4py_mode() -> None:
+    """discover(method="auto") with mpi4py installed but not imported (MPI not initialized:
+    PMIx answers), then mpi4py's MPI_Init; no explicit MPI_Finalize (mpi4py's at exit)."""
+    import distenv
+
+    env = distenv.discover(method="auto")
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    emit({"truth": truth(), "env": env.to_dict(), "why": env.provenance.get("master_addr"),
+          "mpi": {"rank": comm.Get_rank(), "size": comm.Get_size(),
+                  "sum": comm.allreduce(comm.Get_rank() + 1),
+                  "hosts": comm.allgather(socket.gethostname()),
+                  "library": MPI.Get_library_version()[:20]}})
 
 
 def torch_mode(libmpi: str) -> None:
@@ -192,6 +210,8 @@ if __name__ == "__main__":
         torch_mode(sys.argv[2])
     elif mode == "guards":
         guards_mode()
+    elif mode == "mpi4py":
+        mpi4py_mode()
     elif mode == "plain-torch":
         plain_torch()
     elif mode == "after-run":

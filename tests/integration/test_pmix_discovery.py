@@ -220,3 +220,23 @@ def test_srun_mpi_pmix_arbitrary_layout(need):
         assert r["why"]["master_addr"].startswith("PMIx placement (pmix.hname of every rank, slurmstepd"), detail
         assert r["mode"] == "child", detail
     assert len({r["env"]["master_port"] for r in records}) == 1, records
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_mpi4py_after_discovery(need, name):
+    """mpi4py (installed, not yet imported) after discover(method="auto"): PMIx answers, then
+    mpi4py's MPI_Init works and the job exits 0 with MPI_Finalize left to mpi4py's exit."""
+    lay = need(LAYOUTS[name])
+    pytest.importorskip("mpi4py")
+    extra = ()
+    if lay.launcher == "openmpi5":  # mpi4py loads libmpi.so.40 by name: Open MPI 5's
+        lib = str(harness.L / "openmpi5" / "lib")
+        extra = ("-x", f"LD_LIBRARY_PATH={lib}")
+    records, _ = records_of(lay, [harness.PY, PROBE, "mpi4py"], extra=extra)
+    for r in records:
+        rank = r["truth"]["rank"]
+        assert r["env"]["master_addr"] == "node2" and r["why"].startswith("PMIx placement"), r
+        assert r["env"]["rank_hosts"] == TWO_NODES, r
+        assert {k: r["mpi"][k] for k in ("rank", "size", "sum", "hosts")} == \
+            {"rank": rank, "size": 4, "sum": 10, "hosts": TWO_NODES}, r
+        assert r["mpi"]["library"].startswith("Open MPI v" + ("4" if lay.launcher == "openmpi4" else "5")), r
