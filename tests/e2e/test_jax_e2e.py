@@ -35,7 +35,7 @@ import pytest
 
 import harness
 from harness import Layout
-from launch_pool import Job, jobs, local, openmpi4_nodes, single, srun_nodes  # noqa: F401
+from launch_pool import Job, Result, _json_lines, interpreter, jobs, local, openmpi4_nodes, single, srun_nodes  # noqa: F401
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
 
@@ -283,3 +283,84 @@ def test_dead_process_ends_the_others_within_the_timeout(jobs):
         "stopped sending heartbeats):\n1" in res.output, res.describe()
     after_death = res.elapsed - died[0]["since_start"]
     assert after_death < SHORT + 40, f"{after_death:.0f} s after process 1 left\n{res.describe()}"
+
+
+# -- TPU pods on GKE: the platform's variables, no launcher ---------------------------------------
+def _pods(envs: "list[dict]", name: str, script: str = "plain_jax.py", args=()) -> Result:
+    """Start one plain_jax.py process per environment at once (as GKE starts a slice's pods) with
+    DISTENV_AUTO=1; each host "w-i" of the slice is a loopback address of its own (127.0.0.i)."""
+    import subprocess
+    import time
+
+    python, why = interpreter("jax")
+    if python is None:
+        pytest.skip(why)
+    t0 = time.monotonic()
+    argv = ["timeout", "-k", "5", "300", python, str(SCRIPTS / script), *args]
+    procs = [subprocess.Popen(argv, env=harness.clean_env({**BASE, "DISTENV_AUTO": "1", **e}),
+                              cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL, start_new_session=True) for e in envs]
+    outs, rc = [], 0
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=330)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            out, err = p.communicate()
+        rc = rc or p.returncode
+        outs.append((out, err))
+    records = [r for out, _ in outs for r in _json_lines(out)]
+    text = "\n".join(f"--- pod {i}:\n{o[-2000:]}\n{e[-4000:]}" for i, (o, e) in enumerate(outs))
+    return Result(name, rc, time.monotonic() - t0, records, text, argv)
+
+
+@pytest.mark.jobs("jx-single-jax")
+def test_gke_tpu_pods_under_distenv_auto(jobs):
+    """The peer's case: JAX's GKE TPU rule (GkeTpuCluster): TPU_WORKER_HOSTNAMES and
+    TPU_WORKER_ID. distenv resolved "no launcher, rank 0 of 1" and, under DISTENV_AUTO=1, would
+    have passed num_processes=1: every pod trained alone. Now process i of 4, the coordinator on
+    the first worker, and one model equal to the single-process run."""
+    hosts = ",".join(f"127.0.0.{i}" for i in range(1, 5))
+    res = _pods([{"TPU_WORKER_HOSTNAMES": hosts, "TPU_WORKER_ID": str(w)} for w in range(4)],
+                "gke-tpu-1-slice")
+    # pod order is worker order: worker w is process w
+    assert [r["process_index"] for r in res.records if r.get("example") == "plain_jax"] == [0, 1, 2, 3], res.describe()
+    got = check_cell(res, "plain_jax", reference(jobs, "jx-single-jax", "jax_data_parallel"),
+                     4, 4, None)
+    assert all({"distenv.auto", "distenv.jax"} <= set(r["distenv_modules"]) for r in got), got
+
+
+@pytest.mark.jobs("jx-single-jax")
+def test_gke_tpu_multislice_pods_under_distenv_auto(jobs):
+    """Multislice (JobSet/xpk): 2 slices of 2 workers; the pod of slice 1, worker 1 is process
+    3 of 4 (slice x workers per slice + worker); the coordinator is MEGASCALE_COORDINATOR_ADDRESS
+    (a fifth loopback address, process 0's: its port dropped, as JAX does)."""
+    envs = [{"TPU_WORKER_HOSTNAMES": f"127.0.0.{2 * s + 1},127.0.0.{2 * s + 2}", "TPU_WORKER_ID": str(w),
+             "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.5:8080", "MEGASCALE_NUM_SLICES": "2",
+             "MEGASCALE_SLICE_ID": str(s)} for s in range(2) for w in range(2)]
+    res = _pods(envs, "gke-tpu-multislice")
+    # pods in (slice, worker) order: (1, 1) is process 3
+    assert [r["process_index"] for r in res.records if r.get("example") == "plain_jax"] == [0, 1, 2, 3], res.describe()
+    check_cell(res, "plain_jax", reference(jobs, "jx-single-jax", "jax_data_parallel"), 4, 4, None)
+
+
+@pytest.mark.parametrize("how", ["plain", "distenv"])
+def test_a_platform_only_jax_detects_keeps_jax_s_own_answer(how):
+    """No launcher variables is no proof of one process: on a platform JAX detects itself
+    (its Cloud TPU/GCE and Kubernetes clusters; here a cluster plugin the script registers)
+    and no distenv source reads, DISTENV_AUTO=1 and distenv.jax.initialize() leave JAX's
+    detection alone: 2 processes, not two lone ones with num_processes=1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = _pods([{"TESTPOD_ID": str(i), "TESTPOD_COUNT": "2", "TESTPOD_PORT": str(port)}
+                 for i in range(2)], f"jax-own-{how}", "jax_own_cluster.py", (how,))
+    got = records(res, "jax_own_cluster")
+    assert res.rc == 0 and len(got) == 2, res.describe()
+    assert [(r["process_index"], r["process_count"]) for r in got] == [(0, 2), (1, 2)], got
+    assert all(r["gathered"] == [0, 1] for r in got), got
+    assert all(not r["wrapped"] for r in got), got  # DISTENV_AUTO stayed inert: no launch
+    if how == "distenv":
+        assert all(r["jax_cluster"] == "testpod" for r in got), got

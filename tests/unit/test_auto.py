@@ -332,3 +332,57 @@ def test_every_hook_names_an_adapter_function_that_exists():
         adapter = importlib.import_module(module)
         assert callable(getattr(adapter, function, None)), f"{framework}: {module}.{function}() is missing"
     assert set(distenv.auto.EACH_IMPORT) <= {f"{m}:{f}" for m, f in distenv.auto.HOOKS.values()}
+
+
+# -- platforms frameworks detect themselves; sources that leave some adapters out --------------
+@needs_pth
+@pytest.mark.parametrize("extra", [{"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+                                   {"TPU_ACCELERATOR_TYPE": "v4-16"}, {"PJRT_DEVICE": "TPU"},
+                                   {"XRT_TPU_CONFIG": "localservice;0;localhost:51011"}],
+                         ids=["kubernetes", "cloud-tpu-vm", "torch-xla-pjrt", "torch-xla-xrt"])
+def test_DISTENV_AUTO_leaves_a_platform_the_frameworks_detect_alone(extra):
+    """No launcher variables is no proof of one process where JAX (Kubernetes, Cloud TPU),
+    torch-xla, Lightning's XLA environment or Accelerate's TPU state detect the job themselves:
+    DISTENV_AUTO=1 writes nothing and hooks nothing, so their own detection runs unchanged."""
+    rep, p = run_py("report()", {"DISTENV_AUTO": "1", **extra})
+    assert p.returncode == 0, p.stderr
+    assert rep["env"] is None and not rep["hooked"], rep
+    assert all(v is None for v in rep["vars"].values()), rep["vars"]
+
+
+def _adapters(root):
+    pkg = root / "fakeadapters"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("CALLS = []\n")
+    for name in ("jax", "lightning", "transformers"):
+        (pkg / f"{name}.py").write_text(f"from . import CALLS\ndef patch():\n    CALLS.append({name!r})\n")
+
+
+@needs_pth
+@pytest.mark.parametrize("launch,acting", [
+    ({"TPU_WORKER_HOSTNAMES": "w-0,w-1", "TPU_WORKER_ID": "1"}, ["jax"]),
+    (OMPI_2, ["jax", "lightning", "transformers"]),
+], ids=["gke-tpu", "openmpi"])
+def test_a_source_names_the_adapters_that_act_on_its_launch(fake, launch, acting):
+    """A TPU pod on GKE: JAX's adapter acts (process 1 of 2); torch-xla numbers per chip, so
+    torch's variables are not exported and the Lightning/Transformers adapters are not applied."""
+    _adapters(fake)
+    code = textwrap.dedent("""
+        import distenv.auto as a
+        a.HOOKS.clear()
+        a.HOOKS.update({"fakefw": ("fakeadapters.lightning", "patch"),
+                        "fakefw_inner": ("fakeadapters.transformers", "patch"),
+                        "fakefw_alone": ("fakeadapters.jax", "patch")})
+        import fakefw, fakefw_alone, fakeadapters
+        report(calls=sorted(fakeadapters.CALLS), skipped=sorted(a.skipped))
+    """)
+    rep, p = run_py(code, {"DISTENV_AUTO": "1", **launch}, fake=fake)
+    assert p.returncode == 0, p.stderr
+    assert rep["calls"] == acting, rep
+    assert rep["env"]["rank"] == 1 and rep["env"]["world_size"] == 2
+    exported = {k: v for k, v in rep["vars"].items() if v is not None}
+    if "lightning" in acting:
+        assert exported["RANK"] == "1" and exported["WORLD_SIZE"] == "2", exported
+    else:
+        assert exported == {}, exported
+        assert rep["skipped"] == ["fakeadapters.lightning:patch", "fakeadapters.transformers:patch"]
