@@ -274,6 +274,12 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         return Plan(with_local_rank(cmd, style, str(env.local_rank)), child, env, "exec", warnings)
 
     # Per-node: torch's elastic launcher starts the workers on this node.
+    if env.nproc_per_node is None and env.world_size is not None:
+        # Lightning's on-prem style: WORLD_SIZE is every process of the job, NODE_RANK this node.
+        raise DistEnvError(
+            f"this per-node launch gives world_size={env.world_size} "
+            f"({env.provenance.get('world_size', '')}) but not how many workers each node runs. "
+            "Fix: distenv run --nproc-per-node N (WORLD_SIZE must be a multiple of N).")
     for field in ("num_nodes", "node_rank", "nproc_per_node"):
         if getattr(env, field) is None:
             raise DistEnvError(

@@ -416,3 +416,40 @@ def test_per_node_two_nodes_two_workers_each(launcher, cluster):
     assert all(r["vars"]["WORLD_SIZE"] == "4" and r["dist"]["sum"] == 10.0 for r in recs)
     assert all(r["dist"]["hosts"] == ["node1", "node1", "node2", "node2"] for r in recs)
     print(f"{launcher} 2 nodes x (1 process + 2 workers): {took:.1f} s")
+
+
+# -- Lightning's on-prem style: WORLD_SIZE (every process) and NODE_RANK per node ---------------
+ONPREM = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "4"}
+
+
+def test_plan_onprem_per_node_needs_the_workers_per_node(no_gpus, monkeypatch):
+    monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
+    with pytest.raises(DistEnvError, match="--nproc-per-node N"):
+        run.plan(["python", "t.py"], {**ONPREM, "NODE_RANK": "1", "MASTER_PORT": "29400"})
+    with pytest.raises(DistEnvError, match="not a multiple"):
+        run.plan(["--nproc-per-node", "3", "python", "t.py"], {**ONPREM, "NODE_RANK": "1", "MASTER_PORT": "29400"})
+    p = run.plan(["--nproc-per-node", "2", "python", "t.py"], {**ONPREM, "NODE_RANK": "1", "MASTER_PORT": "29400"})
+    opts = dict(zip(p.argv[3:-5:2], p.argv[4:-4:2]))
+    assert (opts["--nnodes"], opts["--node-rank"], opts["--nproc-per-node"]) == ("2", "1", "2")
+
+
+def test_onprem_two_nodes_started_by_hand_all_reduce(tmp_path):
+    """Two "nodes" given only MASTER_ADDR, MASTER_PORT, WORLD_SIZE and NODE_RANK, each
+    `distenv run --nproc-per-node 2`: one 4-process job whose all-reduce sums every rank."""
+    if not have_torch():
+        require("torch is not installed in .venv (integrations/setup.sh)")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    cmd = ["timeout", "-k", "5", "120", str(DISTENV), "run", "--nproc-per-node", "2", "--",
+           str(VENV_PY), str(WORKER), "--allreduce"]
+    procs = [subprocess.Popen(cmd, env=clean_env({**ONPREM, "MASTER_PORT": port, "NODE_RANK": str(n)}),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=150) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    recs = sorted((r for out, _ in outs for r in records(out)), key=lambda r: int(r["vars"]["RANK"]))
+    assert [(r["vars"]["RANK"], r["vars"]["LOCAL_RANK"], r["vars"]["NODE_RANK"]) for r in recs] == \
+        [("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+    assert all(r["dist"]["sum"] == 1 + 2 + 3 + 4 and r["vars"]["WORLD_SIZE"] == "4" for r in recs), recs  # rank + 1 each
