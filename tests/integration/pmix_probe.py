@@ -38,7 +38,8 @@ def truth() -> dict:
     """What the launcher itself says about this rank: Open MPI's OMPI_COMM_WORLD_*, or
     SLURM's task variables (SLURM_GTIDS: the global ids of this node's tasks)."""
     get = os.environ.get
-    if "SLURM_PROCID" in os.environ:
+    if "SLURM_PROCID" in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        # (mpirun inside sbatch: the ranks inherit SLURM_* of its daemons' step, not theirs)
         gtids = [int(g) for g in get("SLURM_GTIDS", "").split(",") if g]
         return {"rank": int(get("SLURM_PROCID")), "size": int(get("SLURM_NTASKS", "-1")),
                 "local_rank": int(get("SLURM_LOCALID", "-1")), "local_size": len(gtids),

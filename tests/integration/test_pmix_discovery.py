@@ -56,6 +56,9 @@ def _ompi5_node2_first(cmd, extra):
 LAYOUTS = {
     "openmpi4-np2": harness.layout("openmpi4", "np2"),
     "openmpi5-np2": harness.layout("openmpi5", "np2"),
+    # mpirun inside `sbatch -N2 --ntasks-per-node=2`: its daemons started by srun
+    "sbatch-openmpi4": harness.layout("slurm", "N2-sbatch-openmpi4"),
+    "sbatch-openmpi5": harness.layout("slurm", "N2-sbatch-openmpi5"),
     "openmpi4-mpmd-rank0-node2": Layout("openmpi4", "mpmd-rank0-node2", "cluster", 4, "openmpi",
                                         "openmpi", _ompi4_mpmd, ("node2", "node1")),
     "openmpi5-hosts-rank0-node2": Layout("openmpi5", "hosts-rank0-node2", "cluster", 4, "openmpi",
@@ -92,38 +95,48 @@ def expected(hosts: "list[str]", rank: int) -> dict:
             "master_addr": hosts[0] if len(nodes) > 1 else "127.0.0.1"}
 
 
+def mpi_of(lay: Layout) -> str:
+    return lay.also[0] if lay.launcher == "slurm" else lay.launcher
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_discover_fills_every_field_then_mpi_init_works(need, name):
     lay = need(LAYOUTS[name])
-    records, _ = records_of(lay, [harness.PY, PROBE, "discover", LIBMPI[lay.launcher]])
+    mpi = mpi_of(lay)
+    records, _ = records_of(lay, [harness.PY, PROBE, "discover", LIBMPI[mpi]])
     n = lay.nranks
     # The launcher's truth: where every rank runs, as MPI itself gathers it after discovery.
     hosts = records[0]["mpi"]["hosts"]
-    if lay.multi_node:
+    if "rank0-node2" in name:
         assert hosts == TWO_NODES, hosts  # the layout is what this test means it to be
+    elif lay.multi_node:
+        assert sorted(set(hosts)) == ["node1", "node2"] and len(hosts) == n, hosts
     for r in records:
         t, e, detail = r["truth"], r["env"], json.dumps({k: v for k, v in r.items() if k != "_stderr"})
         assert r["had_master_env"] is False, detail
-        if lay.multi_node:  # the launcher alone does not say where rank 0 runs
+        if "rank0-node2" in name:  # the launcher alone does not say where rank 0 runs
             assert r["before"]["master_addr"] is None, detail
         assert t["hostname"] == hosts[t["rank"]], detail
         assert (e["rank"], e["world_size"]) == (t["rank"], t["size"]) == (t["rank"], n), detail
         assert (e["local_rank"], e["local_world_size"]) == (t["local_rank"], t["local_size"]), detail
         want = expected(hosts, t["rank"])
+        if r["before"]["master_addr"] is not None:  # known (ORTE's rule): kept, and right
+            assert e["master_addr"] == r["before"]["master_addr"], detail
+            want["master_addr"] = harness.NODE_IP.get(hosts[0]) if lay.multi_node else "127.0.0.1"
         for field, value in want.items():
-            if field == "local_rank" and lay.launcher == "openmpi5" and not lay.multi_node:
+            if field == "local_rank" and mpi == "openmpi5" and not lay.multi_node:
                 continue  # PRRTE's default mapping numbers local ranks its own way (np4 note)
             assert e[field] == value, (field, detail)
         if lay.multi_node:  # what the launcher left unknown, PMIx filled, and says so
             unknown = [f for f in want if r["before"].get(f) is None]
-            assert {"master_addr", "node_rank", "rank_hosts"} <= set(unknown), detail
+            assert {"node_rank", "rank_hosts"} <= set(unknown), detail
             for field in unknown:
                 assert r["why"][field].startswith("PMIx placement (pmix.hname of every rank"), \
                     (field, detail)
         # the version-dependent handling (distenv.pmix): ORTE in this process, PRRTE a child
-        assert r["mode"] == ("in-process" if lay.launcher == "openmpi4" else "child"), detail
+        assert r["mode"] == ("in-process" if mpi == "openmpi4" else "child"), detail
         assert r["lib"].endswith(("libpmix.so.2", "libpmix.so.2.6.2")), detail
-        if lay.launcher == "openmpi5":
+        if mpi == "openmpi5":
             assert r["lib"] == str(harness.L / "openmpi5" / "lib" / "openmpi" / "libpmix.so.2"), detail
         # MPI_Init after discovery, same process: a real MPI job of every rank
         assert r["mpi"] == {"init_rc": 0, "rank": t["rank"], "size": n, "sum": n * (n + 1) // 2,
