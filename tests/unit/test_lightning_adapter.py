@@ -127,6 +127,38 @@ def test_per_node_contradictions(no_gpus):
             env.validate_settings(num_devices=devices, num_nodes=nodes)
 
 
+# The peer's case: Lightning's guide "Run on an on-prem cluster (intermediate)": on each node
+# MASTER_ADDR, MASTER_PORT, WORLD_SIZE (all processes) and NODE_RANK, Trainer(devices=8, num_nodes=4).
+ONPREM = {"MASTER_ADDR": "10.10.10.16", "MASTER_PORT": "29500", "WORLD_SIZE": "32", "NODE_RANK": "1"}
+
+
+def test_lightning_onprem_node_process_takes_the_trainer_s_devices(no_gpus):
+    environ = dict(ONPREM)
+    env = DistenvEnvironment(environ=environ)
+    assert env.env.launch == "per-node" and env.creates_processes_externally is False
+    assert (env.node_rank(), env.world_size(), env.main_address, env.main_port) == (1, 32, "10.10.10.16", 29500)
+    env.validate_settings(num_devices=8, num_nodes=4)
+    assert env.global_rank() == 8  # node 1 x 8 devices + local rank 0
+    node = json.loads(environ[WORKER_VAR])
+    assert (node["node_rank"], node["num_nodes"], node["nproc_per_node"], node["world_size"]) == (1, 4, 8, 32)
+    worker = DistenvEnvironment(environ={**environ, "LOCAL_RANK": "3"})
+    assert (worker.global_rank(), worker.world_size(), worker.node_rank()) == (11, 32, 1)
+    with pytest.raises(DistEnvError, match=r"set DISTENV_NPROC_PER_NODE"):
+        trainer_kwargs(environ=dict(ONPREM))
+    assert trainer_kwargs(environ={**ONPREM, "DISTENV_NPROC_PER_NODE": "8"}) == {"devices": 8, "num_nodes": 4}
+
+
+@pytest.mark.parametrize("devices,nodes,match", [
+    (8, 2, r"makes 16 processes but the launch says world_size=32.*Fix: Trainer\(devices=8, num_nodes=4\)"),
+    (5, 4, r"makes 20 processes.*devices x num_nodes = WORLD_SIZE"),
+    (32, 1, r"node_rank=1.*NODE_RANK 0..0"),
+])
+def test_lightning_onprem_contradictions_name_both(no_gpus, devices, nodes, match):
+    env = DistenvEnvironment(environ=dict(ONPREM))
+    with pytest.raises(DistEnvError, match=match):
+        env.validate_settings(num_devices=devices, num_nodes=nodes)
+
+
 def test_workers_of_a_lone_process(no_gpus):
     # `python train.py` with Trainer(devices=2): Lightning starts the second worker itself.
     environ = {}

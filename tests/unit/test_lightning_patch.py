@@ -210,3 +210,18 @@ print(json.dumps(out))
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == '[["DistenvEnvironment", 4, 3], ["DistenvEnvironment", 4, 3]]'
     assert "not patched" not in p.stderr
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+@pytest.mark.parametrize("variables", [
+    {"TPU_WORKER_HOSTNAMES": "w-0,w-1", "TPU_WORKER_ID": "1"},   # a TPU pod: torch-xla's own ranks
+    {"PJRT_DEVICE": "TPU"},                                         # no launcher: Lightning's own choice
+], ids=["gke-tpu-pod", "torch-xla-no-launcher"])
+def test_patched_trainer_leaves_a_platform_lightning_sets_up_itself(launch, patched, name, variables):
+    """Issue 23's general rule: on a TPU pod (whose host-level ranks are not torch-xla's
+    per-chip ones) and with no launcher, the patched Trainer is the unpatched one."""
+    pl, _, _ = package(name)
+    launch(variables)
+    got = describe(trainer(pl))
+    assert got["env"] != "DistenvEnvironment", got
+    assert (got["world_size"], got["global_rank"]) == (1, 0), got
