@@ -1,19 +1,25 @@
 """distenv.hostlist: SLURM host lists and per-node counts.
 
-The reference is SLURM's own parser (src/common/hostlist.c, hostlist_create):
-`slurm_reference` below re-implements its expansion rules literally (including
-the recursion in _push_range_list that fixes the order of three or more
-bracket groups), and python-hostlist is checked against where it agrees with
-SLURM.
+The reference is SLURM's own parser (src/common/hostlist.c, hostlist_create),
+run for real: `scontrol show hostnames` expands batches of random compressed
+lists (test_same_as_scontrol_show_hostnames; a missing scontrol is a skip, a
+failure under DISTENV_REQUIRE_LAUNCHERS=1). `slurm_reference` below
+re-implements its expansion rules literally (including the recursion in
+_push_range_list that fixes the order of three or more bracket groups) for
+cheap examples without SLURM, and python-hostlist is checked against where it
+agrees with SLURM.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 try:
@@ -343,6 +349,101 @@ def test_same_as_python_hostlist(text):
 @given(_hostlists(max_groups=4))
 def test_same_as_slurm_reference(text):
     assert expand_hostlist(text) == slurm_reference(text)
+
+
+# --- SLURM itself: `scontrol show hostnames` --------------------------------------
+#
+# The transcription above is written like the code it checks; SLURM's own parser is the real
+# oracle. `scontrol show hostnames LIST` expands a list locally (hostlist_create, then one name
+# a line) and needs no controller, only a configuration file to start: a two-line one in a
+# temporary directory. One scontrol call checks a whole batch of lists, each followed by a
+# sentinel host name that the generated names cannot take, so the output splits back per list.
+
+_SENTINEL = "distenv-sentinel-"  # 'd', 'i', 's', ... are not in _lit's alphabet
+_BATCH_HOSTS = 20_000  # expanded hosts per scontrol call at most (output stays small)
+
+
+def _require_launchers() -> bool:
+    return os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("", "0")
+
+
+@pytest.fixture(scope="module")
+def scontrol(tmp_path_factory):
+    """show(lists) -> SLURM's expansion of each list, from one `scontrol show hostnames`."""
+    binary = shutil.which("scontrol")
+    if binary is None:
+        why = "scontrol not found (SLURM's client: integrations/setup.sh installs slurm-wlm)"
+        if _require_launchers():
+            pytest.fail(f"DISTENV_REQUIRE_LAUNCHERS=1: {why}")
+        pytest.skip(why)
+    conf = tmp_path_factory.mktemp("slurm") / "slurm.conf"
+    conf.write_text("ClusterName=distenvtest\nSlurmctldHost=localhost\n")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_CONF": str(conf),
+           "LANG": "C"}
+
+    def show(lists):
+        # the sentinel first too: a list may start with '-', which scontrol takes for an option
+        arg = ",".join([f"{_SENTINEL}start"] + [f"{text},{_SENTINEL}{i}" for i, text in enumerate(lists)])
+        p = subprocess.run([binary, "show", "hostnames", arg], env=env, capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+        # scontrol exits 0 even on "Invalid hostlist": its stderr must be empty too
+        assert p.returncode == 0 and not p.stderr.strip(), (p.returncode, p.stderr[-2000:], arg[:500])
+        lines = p.stdout.splitlines()
+        assert lines[:1] == [f"{_SENTINEL}start"], lines[:3]
+        out, cur = [], []
+        for line in lines[1:]:
+            if line == f"{_SENTINEL}{len(out)}":
+                out.append(cur)
+                cur = []
+            else:
+                cur.append(line)
+        assert len(out) == len(lists) and not cur, (len(out), len(lists), cur[:5])
+        return out
+
+    return show
+
+
+def test_scontrol_oracle_answers(scontrol):
+    """The oracle itself, on the slurm.conf(5) examples (so a mute scontrol cannot pass)."""
+    assert scontrol(["lx[15,18,32-33]", "linux[0-3]", "a"]) == [
+        ["lx15", "lx18", "lx32", "lx33"], ["linux0", "linux1", "linux2", "linux3"], ["a"]]
+
+
+@st.composite
+def _hostlist_batch(draw):
+    """Random compressed host lists (one to four bracket groups a name, zero padding, ranges
+    across powers of ten, comma or space between names), as many as _BATCH_HOSTS allows."""
+    lists, total = [], 0
+    for _ in range(draw(st.integers(20, 120))):
+        names = draw(st.lists(st.one_of(_name(2), _name(4)), min_size=1, max_size=5))
+        text = names[0]
+        for name in names[1:]:
+            text += draw(st.sampled_from([",", ",", " "])) + name
+        size = len(expand_hostlist(text))  # a valid list: distenv must read it (else fail)
+        if total + size > _BATCH_HOSTS:
+            break
+        lists.append(text)
+        total += size
+    return lists
+
+
+# No shrinking: each step of it is a scontrol call, and the report names the lists that differ.
+@settings(max_examples=int(os.environ.get("DISTENV_SCONTROL_EXAMPLES", "12")), deadline=None,
+          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_hostlist_batch())
+def test_same_as_scontrol_show_hostnames(scontrol, lists):
+    """distenv.hostlist expands every list exactly as SLURM does: same names, same order,
+    duplicates kept (12 scontrol calls of 20-120 lists each by default, about 2 s)."""
+    theirs = scontrol(lists)
+    wrong = []
+    for text, want in zip(lists, theirs):
+        mine = expand_hostlist(text)
+        if mine != want:
+            at = next((i for i, (a, b) in enumerate(zip(mine, want)) if a != b), min(len(mine), len(want)))
+            wrong.append(f"{text!r}: {len(mine)} names, SLURM {len(want)}; from name {at}: "
+                         f"distenv {mine[at:at + 3]}, SLURM {want[at:at + 3]}")
+    assert not wrong, f"{len(wrong)} of {len(lists)} lists differ:\n" + "\n".join(wrong[:5])
 
 
 @settings(max_examples=200, deadline=None)
