@@ -449,6 +449,9 @@ def _in_child(found: Offer, timeout: float) -> Placement:
     import sys
 
     start = time.monotonic()
+    if not sys.executable:
+        raise PMIxUnavailable("no Python interpreter to run the PMIx query in (sys.executable "
+                              "is empty). Fix: set MASTER_ADDR (and NODE_RANK).")
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # -S -E -s: a bare interpreter (nothing from site or PYTHON* runs before the query);
     # distenv is found through `src`. The environment (PMIX_*) is this process's.
@@ -460,9 +463,9 @@ def _in_child(found: Offer, timeout: float) -> Placement:
         raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
                         "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
                         "MASTER_ADDR.") from None
-    except OSError as exc:
-        raise PMIxError(f"could not start the PMIx query process ({exc}). Fix: set "
-                        "MASTER_ADDR (and NODE_RANK).") from None
+    except OSError as exc:  # no interpreter to start (embedded Python): nothing to ask with
+        raise PMIxUnavailable(f"could not start the PMIx query process {sys.executable!r} "
+                              f"({exc}). Fix: set MASTER_ADDR (and NODE_RANK).") from None
     lines = p.stdout.strip().splitlines()
     try:
         got = json.loads(lines[-1]) if lines else None

@@ -329,3 +329,11 @@ def test_a_server_that_never_answers_ends_within_the_timeout(fake_lib, monkeypat
     with pytest.raises(pmix.PMIxError, match="did not answer within 3 s .*DISTENV_TIMEOUT"):
         pmix.query(timeout=3, found=found)
     assert time.monotonic() - t0 < 15
+
+
+def test_child_mode_without_an_interpreter_leaves_fields_unknown(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "")
+    monkeypatch.setattr(pmix, "mapped", lambda text: [])  # whatever another test loaded here
+    found = pmix.Offer("ns", 0, "prrte", "prted", ["/x/libpmix.so.2"], [], "PMIx server prted")
+    with pytest.raises(pmix.PMIxUnavailable, match="sys.executable is empty"):
+        pmix.query({}, timeout=5, found=found)
