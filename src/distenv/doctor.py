@@ -210,13 +210,24 @@ def _affinity() -> "int | None":
 def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> None:
     if env.launcher == "none" and env.launch != PER_NODE:
         rep.add("info", "launch", "not launched distributed: a single process "
-                f"({env.provenance.get('launcher')}).")
+                f"({env.provenance.get('launcher')}). distenv's zero-code paths (DISTENV_AUTO, "
+                "the patches) change nothing here: a framework that detects its platform itself "
+                "(JAX on Cloud TPU/GCE or Kubernetes, torch-xla, Lightning's XLA environment, "
+                "Accelerate's TPU state) keeps its own answer.")
     else:
         where = f" on {env.platform}" if env.platform else ""
         rep.add("ok", "launch", f"{env.launcher}{where}, {env.launch} launch: "
                 f"{env.provenance.get('launcher')}.")
     if environ.get("DISTENV_LAUNCHER", "").strip():
         rep.add("info", "launch", f"DISTENV_LAUNCHER={environ['DISTENV_LAUNCHER']} forces the launcher.")
+    from .sources import find
+
+    entry = find(env.launcher) if env.launcher else None
+    acting = entry.load().adapters if entry is not None else None
+    if acting is not None:
+        rep.add("info", "launch", f"on this launch only distenv's {', '.join(acting)} adapter(s) act; "
+                "the other frameworks set themselves up (a TPU pod: torch-xla numbers its "
+                "processes per chip, so no torch variables are exported).")
     for note in env.notes:
         rep.add("warning", "launch", *split_fix(note))
     if env.launch == PER_NODE:

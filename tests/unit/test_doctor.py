@@ -351,3 +351,20 @@ def test_cli_exit_status_and_json_shape(machine, capsys, monkeypatch):
     monkeypatch.setattr(os, "environ", {**OMPI_2X2, "NCCL_SOCKET_IFNAME": "nope0"})
     assert cli_main(["doctor"]) == 1
     assert "[error] network: NCCL_SOCKET_IFNAME=nope0" in capsys.readouterr().out
+
+
+# -- issue 23: what distenv leaves to a framework's own detection ---------------------------------
+def test_doctor_says_the_zero_code_paths_leave_a_platform_the_framework_detects(machine):
+    report = doctor.diagnose({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, probe=False)
+    launch = [f for f in report["findings"] if f["topic"] == "launch"]
+    assert any(f["level"] == "info" and "keeps its own answer" in f["message"] for f in launch), launch
+    warned = [f for f in launch if f["level"] == "warning"]
+    assert any("KUBERNETES_SERVICE_HOST" in f["message"] and f["fix"] for f in warned), launch
+
+
+def test_doctor_names_the_only_adapters_acting_on_a_tpu_pod(machine):
+    report = doctor.diagnose({"TPU_WORKER_HOSTNAMES": "w-0,w-1", "TPU_WORKER_ID": "0"}, probe=False)
+    launch = [f["message"] for f in report["findings"] if f["topic"] == "launch"]
+    assert any("only distenv's jax adapter" in m for m in launch), launch
+    plain = doctor.diagnose({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, probe=False)
+    assert not any("only distenv's" in f["message"] for f in plain["findings"])
