@@ -8,7 +8,11 @@ lowest rank) -- or all of them report it unknown. Never some ranks one value and
 another, never a wrong value.
 
 Sampled ranks: rank 0, the first rank of every node (and its last, up to 64 nodes): one on
-each side of every node boundary; and a few at random. Example counts are small by default (CI); DISTENV_SCALE_EXAMPLES=500 for more.
+each side of every node boundary; and a few at random. 50 examples per test by default (CI:
+about 4 s for the file); DISTENV_SCALE_EXAMPLES=500 for more.
+
+Where the launcher's variables prove a node rank or node count, every rank must give it (not
+only be right when it gives one): see `proves` in each generator.
 
 Launches simulated:
 - SLURM srun steps: block, cyclic, plane=N (with srun's spellings: "block,pack",
@@ -32,7 +36,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from distenv import resolve
 
-EXAMPLES = int(os.environ.get("DISTENV_SCALE_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("DISTENV_SCALE_EXAMPLES", "50"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MAX_NODES, MAX_RANKS = 512, 4096
@@ -78,9 +82,16 @@ def truth(hosts, nodes_of_rank):
     return host_of, by_lowest
 
 
-def check(envs, host_of, by_lowest, known: bool, master_ok=None):
+def check(envs, host_of, by_lowest, known: bool, master_ok=None, proves=()):
     """The property. envs: {rank: DistEnv}. known: the launcher's rules prove the master
-    here (else every rank must say unknown, unless the job is on one node)."""
+    here (else every rank must say unknown, unless the job is on one node). proves: the
+    fields among node_rank and num_nodes that the launcher's variables prove in this layout,
+    which every rank must then give (on one node both are always proved: the local world is
+    the world)."""
+    proves = set(proves) | ({"node_rank", "num_nodes"} if len(by_lowest) == 1 else set())
+    for rank, e in envs.items():
+        for field in sorted(proves):
+            assert getattr(e, field) is not None, (rank, field, e.explain())
     masters = {e.master_addr for e in envs.values()}
     ports = {e.master_port for e in envs.values()}
     assert len(ports) == 1 and None not in ports, ports
@@ -221,18 +232,22 @@ def slurm_jobs(draw):
         return env
 
     known = kind in ("block", "cyclic", "plane") or (kind == "het-step" and order[0] == 0)
-    return kind, hosts, order, env_of, known
+    # SLURM_STEP_NUM_NODES counts the nodes of every step. SLURM_NODEID is the node's place
+    # in the step's node list, which for block, cyclic and plane steps is also the order of
+    # the nodes' lowest ranks (tasks are dealt in list order from the first node).
+    proves = {"num_nodes"} | ({"node_rank"} if kind in ("block", "cyclic", "plane") else set())
+    return kind, hosts, order, env_of, known, proves
 
 
 @SETTINGS
 @given(job=slurm_jobs(), data=st.data())
 def test_slurm_jobs_agree_or_say_unknown(job, data):
-    kind, hosts, order, env_of, known = job
+    kind, hosts, order, env_of, known, proves = job
     host_of, by_lowest = truth(hosts, order)
     ranks = sample(order, data.draw)
     envs = {r: resolve(env_of(r)) for r in ranks}
     assert {e.launcher for e in envs.values()} == {"slurm"}
-    check(envs, host_of, by_lowest, known)
+    check(envs, host_of, by_lowest, known, proves=proves)
     if kind in ("arbitrary", "het-job") and len(by_lowest) > 1:
         assert all(e.node_rank is None for e in envs.values())
 
@@ -291,16 +306,19 @@ def openmpi4_jobs(draw):
         return env
 
     known = kind == "first"
-    return hosts, order, env_of, known, (lambda m: m == ip(0))
+    # OMPI_MCA_orte_num_nodes is the node count on every rank, except with a rankfile or
+    # --map-by seq, where it differs between ranks (measured); Open MPI 4 gives no node rank.
+    proves = {"num_nodes"} if kind in ("first", "head", "mpmd") else set()
+    return hosts, order, env_of, known, (lambda m: m == ip(0)), proves
 
 
 @SETTINGS
 @given(job=openmpi4_jobs(), data=st.data())
 def test_openmpi4_jobs_agree_or_say_unknown(job, data):
-    hosts, order, env_of, known, master_ok = job
+    hosts, order, env_of, known, master_ok, proves = job
     host_of, by_lowest = truth(hosts, order)
     envs = {r: resolve(env_of(r)) for r in sample(order, data.draw)}
-    check(envs, host_of, by_lowest, known, master_ok)
+    check(envs, host_of, by_lowest, known, master_ok, proves)
 
 
 # -- Open MPI 5 -------------------------------------------------------------------------------
@@ -407,5 +425,9 @@ def test_platform_jobs_agree(job, data, no_gpus_session):
     kind, hosts, order, env_of, master_ok = job
     host_of, by_lowest = truth(hosts, order)
     envs = {r: resolve(env_of(r)) for r in sample(order, data.draw)}
-    # Every one of these platforms names the master itself (or documents where rank 0 runs).
-    check(envs, host_of, by_lowest, known=True, master_ok=master_ok)
+    # Every one of these platforms names the master itself (or documents where rank 0 runs),
+    # and its variables give the node count and each node's place (SM_HOSTS and
+    # SM_CURRENT_HOST, AZ_BATCH_HOST_LIST with the Open MPI local size, PET_NNODES and
+    # PET_NODE_RANK, the TF_CONFIG / CLUSTER_SPEC cluster and task).
+    check(envs, host_of, by_lowest, known=True, master_ok=master_ok,
+          proves={"node_rank", "num_nodes"})
