@@ -253,3 +253,46 @@ def test_mpi4py_after_discovery(need, name):
         assert {k: r["mpi"][k] for k in ("rank", "size", "sum", "hosts")} == \
             {"rank": rank, "size": 4, "sum": 10, "hosts": TWO_NODES}, r
         assert r["mpi"]["library"].startswith("Open MPI v" + ("4" if lay.launcher == "openmpi4" else "5")), r
+
+
+def test_lightning_trains_under_srun_mpi_pmix_arbitrary(need):
+    """examples/lightning_trainer.py (DistenvEnvironment + trainer_kwargs), unchanged, as the 4
+    tasks of `srun --mpi=pmix --distribution=arbitrary -w node2,node1,node1,node2`: nothing
+    exported, one 4-process DDP job whose weights equal a single process's."""
+    import math
+    import subprocess
+
+    from framework_runs import BASE_ENV, venv_python
+
+    py = venv_python("lightning")
+    lay = need(SRUN_ARBITRARY)
+    args = [str(harness.REPO / "examples" / "lightning_trainer.py"), "--package", "lightning"]
+    timeout = 900  # five Lightning imports on two shared cores
+    p = subprocess.run(["timeout", "-k", "5", str(timeout), py, *args], env=harness.clean_env(BASE_ENV),
+                       capture_output=True, text=True, cwd="/tmp", stdin=subprocess.DEVNULL)
+    ref = [r for r in _json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
+    assert p.returncode == 0 and len(ref) == 1, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+    result = harness.launch(lay, [py, *args], env=BASE_ENV, timeout=timeout, check=False)
+    found = [r for out, _ in result["files"].values() for r in _json_lines(out)
+             if r.get("example") == "lightning_trainer"]
+    assert result["rc"] == 0 and len(found) == 1, harness.describe_failure(lay, result)
+    out, ref = found[0], ref[0]
+    assert out["environment"] == "DistenvEnvironment" and out["strategy"] == "DDPStrategy", out
+    assert (out["world_size"], out["num_nodes"], out["devices"]) == (4, 2, 2), out
+    assert out["ranks"] == [0, 1, 2, 3] and out["hosts"] == ["node2", "node1", "node1", "node2"], out
+    assert out["node_ranks"] == [0, 1, 1, 0], out
+    assert len(set(out["checksums"])) == 1, f"ranks ended with different parameters: {out}"
+    assert out["steps"] == ref["steps"], (out, ref)
+    assert math.isclose(out["checksum"], ref["checksum"], rel_tol=1e-4, abs_tol=1e-6), (out, ref)
+
+
+def _json_lines(text: str) -> list:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
