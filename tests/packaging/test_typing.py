@@ -56,6 +56,7 @@ TYPED = (
     "sources/deepspeed.py",
     "sources/flux.py",
     "sources/gcp.py",
+    "sources/gke_tpu.py",
     "sources/horovodrun.py",
     "sources/hydra.py",
     "sources/kubeflow.py",
