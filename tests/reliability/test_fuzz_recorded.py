@@ -127,13 +127,53 @@ def test_seeds_are_loaded():
     assert len(launchers) >= 40 and len(platforms) >= 20, (len(launchers), len(platforms))
 
 
+def _recordings():
+    for path in sorted(glob.glob(os.path.join(FIXTURES, "launchers", "*.json"))):
+        with open(path) as f:
+            yield os.path.basename(path), json.load(f)
+
+
+#: Recordings whose environment does not carry the world size (checked to stay None, not guessed).
+NO_WORLD_SIZE = {"mpich4-np2-pmi-port.json": "Hydra's -pmi-port: the size comes over the PMI wire"}
+
+
 def test_every_seed_resolves_unmutated(no_gpus_session):
-    """The recordings themselves are sane inputs: each resolves or raises DistEnvError."""
+    """The recordings themselves are sane inputs: each resolves (no DistEnvError: they are real
+    launches), satisfies the invariants, and agrees with what the launcher itself said: the rank is
+    the recording's own rank variable, the world size the number of ranks it started, and the
+    ranks that shared a host hold distinct local ranks below that host's count."""
+    failures = []
     for name, env in SEEDS:
         try:
             check_invariants(resolve(env))
-        except DistEnvError:
-            pass
+        except (DistEnvError, AssertionError) as exc:
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    for base, doc in _recordings():
+        per_host = {}
+        for i, rank in enumerate(doc["ranks"]):
+            try:
+                d = resolve(rank["env"])
+            except DistEnvError:
+                continue  # reported above
+            where = f"launchers/{base}#{i}"
+            var = doc["rank_var"]
+            if var and var in rank["env"]:
+                if d.rank != int(rank["env"][var]):
+                    failures.append(f"{where}: rank {d.rank}, the launcher's {var}={rank['env'][var]}")
+            elif d.rank != 0:  # not started by a launcher: the one process of a world of one
+                failures.append(f"{where}: rank {d.rank} without a launcher rank variable")
+            want = None if base in NO_WORLD_SIZE else len(doc["ranks"])
+            if d.world_size != want:
+                failures.append(f"{where}: world_size {d.world_size}, the recording started {want}")
+            per_host.setdefault(rank["hostname"], []).append((where, d.local_rank, d.local_world_size))
+        for host, got in per_host.items():
+            locals_ = sorted(lr for _, lr, _ in got)
+            if locals_ != list(range(len(got))):
+                failures.append(f"{base}: local ranks on {host} {locals_}, {len(got)} ranks there")
+            for where, _, lws in got:
+                if lws not in (None, len(got)):
+                    failures.append(f"{where}: local_world_size {lws}, {len(got)} ranks on {host}")
+    assert not failures, "\n".join(failures)
 
 
 # -- mutations -----------------------------------------------------------------------------
@@ -439,9 +479,30 @@ def test_mutated_recordings_resolve_or_raise_distenverror(no_gpus_session):
     print(f"{EXAMPLES} cases, seed {seed}; known bugs hit (strict xfails below): {known}")
 
 
-# -- known resolver bugs: strict xfails (fixed -> XPASS fails -> drop the entry) --------------
+# -- known resolver bugs: strict xfails (fixed -> XPASS fails -> move the entry to FIXED_BUGS) --
 #: name -> (regex on the problem `outcome()` reports, seed, ops reproducing it, why/fix).
-KNOWN_BUGS: dict = {}  # fixed: strict ASCII digits in sources/openmpi.py, capped messages
+KNOWN_BUGS: dict = {}
+
+#: Bugs the fuzzer found and eccb56e fixed, replayed as regression cases: they must stay fixed.
+#: (With no known bug left these also keep test_known_bug's parameter set non-empty: an empty one
+#: is a skip, a failure under DISTENV_REQUIRE_LAUNCHERS=1.)
+FIXED_BUGS = {
+    "openmpi-int-escapes": (
+        r"^ValueError escaped resolve\(\) at openmpi\.py in (read|_hnp_hosts_rank0):",
+        "launchers/cluster-openmpi4-2x2.json#2",
+        [("set", "OMPI_MCA_ess_base_num_procs", "\u00b2")],
+        "sources/openmpi.py took str.isdigit() for int(): '\u00b2' raised a plain ValueError"),
+    "openmpi-vpid-escapes": (
+        r"^ValueError escaped resolve\(\) at openmpi\.py in (read|_hnp_hosts_rank0):",
+        "launchers/cluster-openmpi4-2x2.json#2",
+        [("set", "OMPI_MCA_orte_local_daemon_uri", "888537088." + "9" * 5000 + ";tcp://10.213.77.12:1")],
+        "as above, for a 5000-digit daemon vpid"),
+    "long-error-messages": (
+        r"^DistEnvError breaks a promise: DistEnvError of [0-9]+ characters",
+        "launchers/cluster-srun-2x2.json#1",
+        [("set", "SLURM_GTIDS", "x" * 50000)],
+        "values quoted whole in messages: a 50000-character DistEnvError"),
+}
 
 
 def known_bug(problem: str):
@@ -452,11 +513,10 @@ def known_bug(problem: str):
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason=KNOWN_BUGS[n][3])) for n in KNOWN_BUGS] or [pytest.param(None, id="none")])
+    strict=True, reason=KNOWN_BUGS[n][3])) for n in KNOWN_BUGS] + list(FIXED_BUGS))
 def test_known_bug(no_gpus_session, name):
-    if name is None:  # no known bug: nothing to reproduce (an empty parameter set would skip)
-        return
-    pattern, seed, ops, _why = KNOWN_BUGS[name]
+    """A known bug still reproduces (strict xfail); a fixed one stays fixed (plain pass)."""
+    pattern, seed, ops, _why = KNOWN_BUGS.get(name) or FIXED_BUGS[name]
     problem = outcome(apply(ops, SEEDS[SEED_NAMES.index(seed)][1]))
     assert problem is None, problem
 
