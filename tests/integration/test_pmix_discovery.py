@@ -296,3 +296,18 @@ def _json_lines(text: str) -> list:
             except ValueError:
                 pass
     return out
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_distenv_show_discover(need, name):
+    lay = need(LAYOUTS[name])
+    result = harness.launch(lay, [DISTENV, "show", "--discover", "--json"], timeout=TIMEOUT)
+    shown = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in result["files"].values()),
+                   key=lambda d: d["rank"])
+    assert [d["master_addr"] for d in shown] == ["node2"] * 4, shown
+    assert [d["node_rank"] for d in shown] == [0, 0, 1, 1], shown
+    assert all(d["num_nodes"] == 2 and d["hosts"] == ["node2", "node1"] for d in shown), shown
+    # without --discover nothing is asked and rank 0's host stays unknown
+    result = harness.launch(lay, [DISTENV, "show", "--json"], timeout=TIMEOUT)
+    plain = [json.loads(out.strip().splitlines()[-1]) for out, _ in result["files"].values()]
+    assert all(d["master_addr"] is None for d in plain), plain
