@@ -1,5 +1,10 @@
-"""Discovery completes a launch from every rank's host name (the MPI part runs under real
-mpirun in tests/integration/test_discovery_mpi.py)."""
+"""Discovery completes a launch from every rank's host name (`from_hostnames`, where every
+discovery method ends). Under real launchers: the key-value exchange through Hydra's PMI-1
+(MPICH, Intel MPI; distenv.torch, `distenv run`, `distenv show --discover`) in
+tests/integration/test_pmi_discovery.py, and through PMIx (Open MPI 4 and 5,
+`discover(method="auto")`) in tests/integration/test_pmix_discovery.py. The mpi4py allgather
+(`discover(method="mpi4py")`, and its "MPI says rank ... is not this MPI job" error) has no
+real-launcher test yet (issue 24)."""
 
 import pytest
 
