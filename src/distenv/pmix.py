@@ -37,7 +37,8 @@ by server (measured, LAUNCHERS.md section 7, and `tests/integration/test_pmix_di
   process's client, finalized, also makes the parent's MPI_Init fail. So the query runs in
   this process (``mode="in-process"``), stays initialized, and an `atexit` handler finalizes
   it. Before or after MPI_Finalize alike: the count makes the last of the two the real
-  finalize (measured with mpi4py finalizing explicitly and at its exit).
+  finalize (measured with mpi4py finalizing explicitly and at its exit). Limit: a rank that
+  ends with ``os._exit`` after the query never finalizes, and mpirun exits 1 (measured).
 * Open MPI 5 (PRRTE, PMIx 5): a client kept open makes MPI_Init fail ("local rank ... Not
   found (-13)"), one finalized in this process makes it crash ("double free"). A child
   process that queries and finalizes leaves MPI_Init in the parent working. So the query

@@ -9,6 +9,7 @@
                                     an all-reduce, then the same MPI job as above
     pmix_probe.py mpi4py            discover(method="auto"), then mpi4py's MPI_Init, an all-reduce
                                     and an all-gather; MPI_Finalize left to mpi4py at exit
+    pmix_probe.py mpi-first LIBMPI  MPI_Init first, then discover(method="pmix"), an all-reduce
     pmix_probe.py guards            a forked and a spawned child, which inherited the PMIx
                                     variables, must refuse the service
     pmix_probe.py plain-torch       an unmodified torch script (init_process_group("gloo") from
@@ -93,6 +94,28 @@ def discover_mode(libmpi: str) -> None:
               "mode": answer.mode, "lib": answer.lib, "version": answer.version}
     record["mpi"] = mpi_job(libmpi) if libmpi != "none" else None
     emit(record)
+
+
+def mpi_first_mode(libmpi: str) -> None:
+    """MPI_Init (the launcher's libmpi, ctypes) before discovery: the query then shares MPI's
+    own PMIx client (in this process, whatever the version) and gives back only its own
+    reference; MPI keeps working and finalizes cleanly."""
+    m = ctypes.CDLL(libmpi, mode=ctypes.RTLD_GLOBAL)
+    rc = m.MPI_Init(None, None)
+    import distenv
+    import distenv.pmix as pmix
+
+    env = distenv.discover(method="pmix")
+    answer = pmix.query()
+
+    def sym(name):
+        return ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(m, name)))
+
+    mine, total = ctypes.c_int(env.rank + 1), ctypes.c_int()
+    m.MPI_Allreduce(ctypes.byref(mine), ctypes.byref(total), 1, sym("ompi_mpi_int"),
+                    sym("ompi_mpi_op_sum"), sym("ompi_mpi_comm_world"))
+    emit({"truth": truth(), "env": env.to_dict(), "mode": answer.mode, "init_rc": rc,
+          "sum": total.value, "finalize_rc": m.MPI_Finalize()})
 
 
 def mpi4py_mode() -> None:
@@ -213,6 +236,8 @@ if __name__ == "__main__":
         guards_mode()
     elif mode == "mpi4py":
         mpi4py_mode()
+    elif mode == "mpi-first":
+        mpi_first_mode(sys.argv[2])
     elif mode == "plain-torch":
         plain_torch()
     elif mode == "after-run":

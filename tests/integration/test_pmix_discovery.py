@@ -311,3 +311,16 @@ def test_distenv_show_discover(need, name):
     result = harness.launch(lay, [DISTENV, "show", "--json"], timeout=TIMEOUT)
     plain = [json.loads(out.strip().splitlines()[-1]) for out, _ in result["files"].values()]
     assert all(d["master_addr"] is None for d in plain), plain
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_discovery_after_mpi_init(need, name):
+    """MPI initialized first (Horovod, an MPI program): the query uses MPI's own PMIx client
+    in this process under both versions, and MPI still all-reduces and finalizes."""
+    lay = need(LAYOUTS[name])
+    records, _ = records_of(lay, [harness.PY, PROBE, "mpi-first", LIBMPI[lay.launcher]])
+    for r in records:
+        e = r["env"]
+        assert (e["master_addr"], e["node_rank"]) == ("node2", 0 if r["truth"]["rank"] < 2 else 1), r
+        assert e["rank_hosts"] == TWO_NODES and r["mode"] == "in-process", r
+        assert (r["init_rc"], r["sum"], r["finalize_rc"]) == (0, 10, 0), r
