@@ -68,12 +68,12 @@ from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    import ctypes
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-#: The process names (/proc/<pid>/comm) of PMIx servers that start ranks themselves, by kind.
-#: Open MPI 4 on mpirun's own node: mpirun is the server (comm "mpirun", exe orterun, measured).
+#: The executables (else process names) of PMIx servers that start ranks themselves, by kind
+#: (`server_kind`). Open MPI 4 on mpirun's own node: mpirun is the server (exe orterun,
+#: measured); Open MPI 5's mpirun execs prterun (measured).
 SERVERS = {
     "orted": "orte", "mpirun": "orte", "orterun": "orte", "mpiexec": "orte",
     "prted": "prrte", "prterun": "prrte", "prte": "prrte",
@@ -88,7 +88,7 @@ SONAME = "libpmix.so.2"
 PMIX_MAX_NSLEN = 255
 PMIX_RANK_WILDCARD = 0xFFFFFFFE
 PMIX_ERR_NOT_FOUND = -46
-#: pmix_data_type_t -> (struct format, size) of the value at the union (offset 8)
+#: pmix_data_type_t -> struct format (native) of the integer in the union (offset 8)
 _INTS = {4: "N", 6: "i", 7: "b", 8: "h", 9: "i", 10: "q", 11: "I", 12: "B", 13: "H", 14: "I",
          15: "Q", 40: "I"}  # SIZE, INT, INT8..64, UINT, UINT8..64, PROC_RANK
 PMIX_STRING = 3
