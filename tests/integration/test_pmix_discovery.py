@@ -215,12 +215,14 @@ SRUN_ARBITRARY = Layout("slurm", "pmix-arbitrary", "slurm2", 4, "slurm", "slurm"
                         lambda cmd, extra: ["srun", "--mpi=pmix", "-N2", "-n4",
                                             "--distribution=arbitrary", "-w",
                                             "node2,node1,node1,node2", *extra, *cmd],
-                        ("node2", "node1"))
+                        ("node2", "node1"), also=("openmpi5",))
 
 
 def test_srun_mpi_pmix_arbitrary_layout(need):
+    """Every field from SLURM's PMIx server, then MPI_Init in the same processes (Open MPI 5's
+    libmpi, direct-launched by srun: its own PMIx client talks to slurmstepd)."""
     lay = need(SRUN_ARBITRARY)
-    records, _ = records_of(lay, [harness.PY, PROBE, "discover", "none"])
+    records, _ = records_of(lay, [harness.PY, PROBE, "discover", LIBMPI["openmpi5"]])
     hosts = ["node2", "node1", "node1", "node2"]
     for r in records:
         t, e, detail = r["truth"], r["env"], json.dumps({k: v for k, v in r.items() if k != "_stderr"})
@@ -232,6 +234,8 @@ def test_srun_mpi_pmix_arbitrary_layout(need):
             assert e[field] == value, (field, detail)
         assert r["why"]["master_addr"].startswith("PMIx placement (pmix.hname of every rank, slurmstepd"), detail
         assert r["mode"] == "child", detail
+        assert r["mpi"] == {"init_rc": 0, "rank": t["rank"], "size": 4, "sum": 10, "hosts": hosts,
+                            "finalize_rc": 0}, detail
     assert len({r["env"]["master_port"] for r in records}) == 1, records
 
 
