@@ -14,6 +14,7 @@
                                     variables, must refuse the service
     pmix_probe.py plain-torch       an unmodified torch script (init_process_group("gloo") from
                                     the environment); run with DISTENV_AUTO=1
+    pmix_probe.py deepspeed         distenv.deepspeed.prepare(): the variables it exports
     pmix_probe.py after-run         the command `distenv run` exec'ed: what it was given, and
                                     that it completes without asking the server again
 """
@@ -212,6 +213,16 @@ def plain_torch() -> None:
           **{k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}})
 
 
+def deepspeed_mode() -> None:
+    """distenv.deepspeed.prepare() (DeepSpeed itself not needed) exports DeepSpeed's five
+    variables from PMIx."""
+    import distenv.deepspeed
+
+    distenv.deepspeed.prepare()
+    emit({"truth": truth(), **{k: os.environ.get(k) for k in
+                               ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}})
+
+
 def after_run() -> None:
     import distenv.pmix as pm
     from distenv.discovery import complete
@@ -238,6 +249,8 @@ if __name__ == "__main__":
         mpi4py_mode()
     elif mode == "mpi-first":
         mpi_first_mode(sys.argv[2])
+    elif mode == "deepspeed":
+        deepspeed_mode()
     elif mode == "plain-torch":
         plain_torch()
     elif mode == "after-run":

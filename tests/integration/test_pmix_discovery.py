@@ -328,3 +328,14 @@ def test_discovery_after_mpi_init(need, name):
         assert (e["master_addr"], e["node_rank"]) == ("node2", 0 if r["truth"]["rank"] < 2 else 1), r
         assert e["rank_hosts"] == TWO_NODES and r["mode"] == "in-process", r
         assert (r["init_rc"], r["sum"], r["finalize_rc"]) == (0, 10, 0), r
+
+
+@pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
+def test_deepspeed_prepare_exports_from_pmix(need, name):
+    lay = need(LAYOUTS[name])
+    records, _ = records_of(lay, [harness.PY, PROBE, "deepspeed"])
+    for r in records:
+        rank = r["truth"]["rank"]
+        assert (r["MASTER_ADDR"], r["WORLD_SIZE"], r["RANK"], r["LOCAL_RANK"]) == \
+            ("node2", "4", str(rank), str(rank % 2)), r
+    assert len({r["MASTER_PORT"] for r in records}) == 1, records
