@@ -14,6 +14,7 @@
                                     variables, must refuse the service
     pmix_probe.py plain-torch       an unmodified torch script (init_process_group("gloo") from
                                     the environment); run with DISTENV_AUTO=1
+    pmix_probe.py horovod           distenv.horovod.init("torch"): Horovod's MPI_Init after PMIx
     pmix_probe.py deepspeed         distenv.deepspeed.prepare(): the variables it exports
     pmix_probe.py after-run         the command `distenv run` exec'ed: what it was given, and
                                     that it completes without asking the server again
@@ -213,6 +214,24 @@ def plain_torch() -> None:
           **{k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}})
 
 
+def horovod_mode() -> None:
+    """distenv.horovod.init("torch") (Horovod's MPI controller under Open MPI: its MPI_Init
+    after the PMIx query), an allreduce, Horovod's own shutdown."""
+    import torch
+
+    import distenv.horovod
+    from distenv.discovery import complete
+
+    hvd = distenv.horovod.init("torch")
+    env = complete(need=("master_addr", "node_rank"))  # the kept answer
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    emit({"truth": truth(), "hvd": {"rank": hvd.rank(), "size": hvd.size(),
+                                    "local_rank": hvd.local_rank(), "sum": total.item(),
+                                    "cross_rank": hvd.cross_rank()},
+          "env": env.to_dict(), "why": env.provenance.get("master_addr")})
+    hvd.shutdown()
+
+
 def deepspeed_mode() -> None:
     """distenv.deepspeed.prepare() (DeepSpeed itself not needed) exports DeepSpeed's five
     variables from PMIx."""
@@ -249,6 +268,8 @@ if __name__ == "__main__":
         mpi4py_mode()
     elif mode == "mpi-first":
         mpi_first_mode(sys.argv[2])
+    elif mode == "horovod":
+        horovod_mode()
     elif mode == "deepspeed":
         deepspeed_mode()
     elif mode == "plain-torch":

@@ -339,3 +339,20 @@ def test_deepspeed_prepare_exports_from_pmix(need, name):
         assert (r["MASTER_ADDR"], r["WORLD_SIZE"], r["RANK"], r["LOCAL_RANK"]) == \
             ("node2", "4", str(rank), str(rank % 2)), r
     assert len({r["MASTER_PORT"] for r in records}) == 1, records
+
+
+def test_horovod_mpi_after_discovery(need):
+    """distenv.horovod.init("torch") under Open MPI 4 (the MPI Horovod is built with here),
+    rank 0 on node2: the PMIx query, then Horovod's own MPI_Init and an allreduce; exit 0."""
+    from framework_runs import venv_python
+
+    py = venv_python("horovod")
+    lay = need(LAYOUTS["openmpi4-mpmd-rank0-node2"])
+    records, _ = records_of(lay, [py, PROBE, "horovod"])
+    for r in records:
+        rank = r["truth"]["rank"]
+        assert r["hvd"] == {"rank": rank, "size": 4, "local_rank": rank % 2, "sum": 10.0,
+                            "cross_rank": 0 if rank < 2 else 1}, r
+        e = r["env"]
+        assert (e["master_addr"], e["node_rank"]) == ("node2", 0 if rank < 2 else 1), r
+        assert r["why"].startswith("PMIx placement"), r
