@@ -70,7 +70,9 @@ TRUTH = {
 # Variables recorded as they are (presence matters): nested launches inherit these.
 MARKERS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID",
            "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_ID", "TORCHELASTIC_RUN_ID",
-           "MASTER_ADDR", "MASTER_PORT")
+           "MASTER_ADDR", "MASTER_PORT",
+           # the launchers' own job ids (test_layouts.JOB_ID_VAR)
+           "PMIX_NAMESPACE", "I_MPI_HYDRA_UUID")
 
 
 def truth(family: str) -> dict:

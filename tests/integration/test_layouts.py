@@ -177,11 +177,25 @@ def test_node_ranks(need, name):
         assert known == set(range(len(hosts)))
 
 
+#: distenv's launcher -> the variable that holds the launcher's own job id, as each rank sees it
+#: (rank_probe.py records it among the markers). None: the launcher reveals no job id in the
+#: environment (MPICH's Hydra: no job variable at all), and distenv must not make one up.
+JOB_ID_VAR = {"slurm": "SLURM_JOB_ID", "none": "SLURM_JOB_ID", "torchrun": "TORCHELASTIC_RUN_ID",
+              "openmpi": "PMIX_NAMESPACE", "intelmpi": "I_MPI_HYDRA_UUID", "mpich": None}
+
+
 @pytest.mark.parametrize("name", params("test_hosts_and_job"))
 def test_hosts_and_job(need, name):
-    """hosts (where given) list this rank's host at its node rank; one job id for all."""
+    """hosts (where given) list this rank's host at its node rank; every rank's job id is the
+    launcher's own (one for all), or None where the launcher gives none."""
     lay, recs = run_layout(need, name)
     assert len({tuple(got(r)["hosts"] or ()) for r in recs}) == 1
+    var = JOB_ID_VAR[lay.expect]
+    for r in recs:
+        want = r["markers"].get(var) if var else None
+        if var:
+            assert want, f"rank {got(r)['rank']} on {r['hostname']}: no {var} from the launcher"
+        assert got(r)["job_id"] == want, table(recs, "job_id")
     assert len({got(r)["job_id"] for r in recs}) == 1
     for r in recs:
         hosts = got(r)["hosts"]
@@ -263,7 +277,39 @@ def test_export(need, name):
                                ("LOCAL_RANK", "local_rank")):
                 assert written[var] == str(mine[field])
             assert cli["rc"] == 0, cli["stderr"]
-            assert f"export RANK={mine['rank']}\n" in cli["stdout"]
+            exported = eval_in_shell(cli["stdout"])
+            assert set(exported) == set(written), (cli["stdout"], written)
+            for var, value in written.items():
+                if var == "MASTER_PORT" and mine["launcher"] == "none":
+                    continue  # a single process derives its port from its pid
+                assert exported[var] == value, (var, cli["stdout"], written)
+            # and what the launcher itself says, where it says it
+            truth = r["truth"]
+            for var, field in (("RANK", "rank"), ("LOCAL_RANK", "local_rank"),
+                               ("WORLD_SIZE", "world_size"), ("MASTER_ADDR", "master_addr"),
+                               ("MASTER_PORT", "master_port")):
+                if truth.get(field) is not None:
+                    assert exported[var] == str(truth[field]), (var, truth, cli["stdout"])
+
+
+def eval_in_shell(script: str) -> dict:
+    """The variables that `eval "$(distenv export)"` adds to an empty environment, read back
+    from the shell itself."""
+    import subprocess
+
+    show = 'eval "$DISTENV_EXPORT_SCRIPT" && unset DISTENV_EXPORT_SCRIPT && env -0'
+    base = subprocess.run(["env", "-i", "/bin/sh", "-c", "env -0"], capture_output=True,
+                          check=True, timeout=30).stdout
+    p = subprocess.run(["env", "-i", f"DISTENV_EXPORT_SCRIPT={script}", "/bin/sh", "-c", show],
+                       capture_output=True, timeout=30)
+    assert p.returncode == 0 and not p.stderr, (p.returncode, p.stderr, script)
+
+    def parse(raw):
+        return dict(item.split("=", 1) for item in raw.decode().split("\0") if item)
+
+    before = parse(base)
+    return {k: v for k, v in parse(p.stdout).items()
+            if k != "_" and (k not in before or before[k] != v)}
 
 
 # -- layout-specific truths ------------------------------------------------------------------
