@@ -3,7 +3,8 @@
 The wheel ships ``distenv_auto.pth`` at the root of site-packages; its one line checks
 ``os.environ`` (already imported by `site`) and imports this module only when
 ``DISTENV_AUTO`` is set and not ``0``, so an interpreter without it pays one dict lookup.
-A launch distenv cannot describe ends the interpreter with the one-line error (exit 2):
+A launch distenv cannot describe ends the interpreter with the one-line error
+``distenv: error: ... Fix: ...`` (exit 2; ``DISTENV_TRACEBACK=1`` adds the traceback):
 training undistributed would be worse.
 """
 
@@ -34,15 +35,18 @@ def _start() -> None:
     try:
         from . import auto  # noqa: F401  (activates on import)
     except DistEnvError as exc:
-        from .redact import redact_text
+        # Raised while `site` reads the .pth file, which would print the traceback and go on
+        # undistributed: the one line (`distenv.errors.error_line`) and exit 2 here.
+        from .errors import EXIT_STATUS, error_line, traceback_wanted
 
-        message = redact_text(" ".join(str(exc).split()))
-        from .log import get_logger
+        if traceback_wanted():
+            import traceback
 
-        get_logger("distenv.auto").error(f"{message} (DISTENV_AUTO={os.environ['DISTENV_AUTO']}; "
-                                         "unset it to start without distenv)")
-        sys.stderr.flush()  # os._exit skips the handlers' flush at exit
-        os._exit(2)
+            traceback.print_exc()
+        sys.stderr.write(f"{error_line(exc)} (DISTENV_AUTO={os.environ['DISTENV_AUTO']}; "
+                         "unset it to start without distenv)\n")
+        sys.stderr.flush()  # os._exit skips the flush at exit
+        os._exit(EXIT_STATUS)
 
 
 _start()

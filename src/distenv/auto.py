@@ -21,6 +21,7 @@ import os
 import sys
 
 from .description import PER_NODE
+from .errors import install_excepthook
 
 TYPE_CHECKING = False  # typing stays out of interpreter start (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -245,4 +246,7 @@ class _Loader:
             _run_pending()
 
 
+# A DistEnvError a hook raises inside the script (at `import lightning`, ...) ends it with
+# its one line, as `distenv.errors.install_excepthook` says.
+install_excepthook()
 activate(reason="DISTENV_AUTO=1" if "distenv._autostart" in sys.modules else "import distenv.auto")

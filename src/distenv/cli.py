@@ -255,10 +255,14 @@ def main(argv: "Iterable[str] | None" = None) -> int:
         code: int = args.func(args)  # a Namespace attribute is Any: _show, _export or _doctor
         return code
     except DistEnvError as exc:
-        from .redact import redact_text
+        from .errors import EXIT_STATUS, error_line, traceback_wanted
 
-        print(f"distenv: error: {redact_text(' '.join(str(exc).split()))}", file=sys.stderr)
-        return 2
+        if traceback_wanted():
+            import traceback
+
+            traceback.print_exc()
+        print(error_line(exc), file=sys.stderr)
+        return EXIT_STATUS
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,7 +24,9 @@ import json
 import os
 
 from .description import PER_NODE, DistEnv
-from .errors import DistEnvError
+from .errors import DistEnvError, install_excepthook
+
+install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:

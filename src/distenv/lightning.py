@@ -43,9 +43,12 @@ import sys
 
 from . import resolve
 from .description import PER_NODE, PER_PROCESS, DistEnv
-from .errors import DistEnvError
+from .errors import DistEnvError, install_excepthook
+
 # The hand-off to the workers Lightning starts is a source (read back by resolve() in them).
 from .sources.lightning_node import VARIABLE, hand_off
+
+install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:

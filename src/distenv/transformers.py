@@ -30,8 +30,10 @@ import os
 import sys
 
 from .description import PER_NODE, DistEnv
-from .errors import DistEnvError
+from .errors import DistEnvError, install_excepthook
 from .log import get_logger
+
+install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:

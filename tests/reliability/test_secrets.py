@@ -201,7 +201,7 @@ def test_distenv_auto_error_line_is_redacted():
     env = {**BASE, "MASTER_PORT": "https://bob:pw-auto-31@h:1"}
     code, text = _run([sys.executable, "-c", "print('script ran')"], {**env, "DISTENV_AUTO": "1"})
     assert code == 2 and "script ran" not in text, text
-    assert text.startswith("distenv.auto: error: ") and len(text.strip().splitlines()) == 1, text
+    assert text.startswith("distenv: error: ") and len(text.strip().splitlines()) == 1, text
     assert "pw-auto-31" not in text, text
 
 

@@ -269,7 +269,7 @@ def test_DISTENV_AUTO_with_a_broken_launch_stops_with_one_line():
                                  "HF_TOKEN": "hf_secretsecretsecretsecret00"})
     assert p.returncode == 2 and rep is None
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("distenv.auto: error: OMPI_COMM_WORLD_RANK='x'")
+    assert len(lines) == 1 and lines[0].startswith("distenv: error: OMPI_COMM_WORLD_RANK='x'")
     assert "unset it to start without distenv" in lines[0]
 
 

@@ -57,6 +57,9 @@ from .keras_check import keras_flavour, keras_problem, tf_initialized
 from .preflight import DEFAULT_TIMEOUT, rendezvous
 from .strategies import TooLateError, _last, _too_late, is_chief, plan, strategy
 from .zero_code import patch, patch_environ, unpatch
+from ..errors import install_excepthook
+
+install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
 __all__ = [
     "strategy", "plan", "tf_config", "is_chief", "patch", "unpatch", "patch_environ",
