@@ -3,8 +3,11 @@
 Across nodes, MPICH and Intel MPI reveal nothing about where rank 0 runs. But every rank Hydra
 starts holds a connection to its launcher's key-value service (the one MPI_Init uses to
 exchange business cards). `exchange()` uses it, standard library only: each rank publishes
-its host name, one barrier, then reads every rank's -- which proves the master address, the
-node of every rank, the node count and the local counts (`distenv.discovery.complete`).
+its host name, one barrier; rank 0 reads every rank's and publishes one summary (`encode`,
+split across keys within the service's value length), a second barrier, and every other
+rank reads only the summary -- which proves the master address, the node of every rank, the
+node count and the local counts (`distenv.discovery.complete`). Rank 0 also publishes a port
+it found free on its host (`free_port`), so every rank has the same one.
 
 The wire protocol, as measured here with MPICH 4.0 (Debian), MPICH 5 (PyPI) and Intel MPI
 2021.18 (PyPI `impi-rt`), each `mpiexec` on one and on two nodes. Lines are
@@ -21,6 +24,9 @@ sent                                       answer
 ``cmd=put kvsname=K key=k value=v``        ``cmd=put_result rc=0``
 ``cmd=barrier_in``                         ``cmd=barrier_out`` (when every rank came)
 ``cmd=get kvsname=K key=k``                ``cmd=get_result rc=0 value=v`` (rc=-1: no such key)
+``cmd=get_maxes``                          ``cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=V``
+                                           (V = 1024 MPICH 4 and 5, 4096 Intel MPI; MPICH 4
+                                           keeps V-1 characters of a value)
 ``cmd=finalize``                           ``cmd=finalize_ack``
 =========================================  =================================================
 
@@ -58,8 +64,11 @@ rank, so the command completes from that without communicating (`inherited`), an
 other process that inherits the variable refuses the service. ``DISTENV_PMI=0`` turns the
 exchange off.
 
-Cost (benchmarks/bench_pmi.py): one ``put``, one barrier and one ``get`` per rank of the
-job, each answered by the local proxy.
+Cost (benchmarks/bench_pmi.py): per rank one ``put``, two barriers and one ``get`` per
+part of the summary (one part up to about 1000 characters: 256 ranks in blocks on 2 nodes
+take 23, round-robin about 2-4 characters per rank); rank 0 also one ``get`` per rank, one
+``get_maxes`` and one ``put`` per part. Reading every rank's key on every rank (before
+2026-11-26) made N^2 reads through each node's proxy: 128 -> 256 ranks cost 3x.
 
 Never called by `resolve()`: adapters call `distenv.discovery.complete()` where
 communication is about to happen anyway.
@@ -84,6 +93,8 @@ PROXY_NAMES = ("hydra_pmi_proxy",)
 HELD_VAR = "DISTENV_PMI_HELD"
 #: Key prefix in the job's key-value space (MPICH's own keys are P<rank>-businesscard, ...).
 KEY = "distenv-host"
+#: Key prefix of rank 0's summary of every rank's host (`encode`, in parts: `split`).
+SUMMARY = "distenv-hosts"
 
 
 class PMIError(DistEnvError):
@@ -349,12 +360,15 @@ def used() -> bool:
 class Exchange:
     """What the exchange found: ``hosts[r]`` is rank r's host name."""
 
-    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why", "kvsname")
+    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why", "kvsname", "port")
 
     def __init__(self, rank: int, size: int, hosts: "list[str]", mode: str, seconds: float,
-                 why: str, kvsname: "str | None" = None) -> None:
+                 why: str, kvsname: "str | None" = None, port: "int | None" = None) -> None:
         self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
         self.seconds, self.why, self.kvsname = seconds, why, kvsname
+        #: A TCP port rank 0 found free on its host (`free_port`), the same on every rank;
+        #: None when none was found (or the answer came from before an exec).
+        self.port = port
 
     def __repr__(self) -> str:
         return f"Exchange(rank={self.rank}, size={self.size}, mode={self.mode!r}, hosts={self.hosts!r})"
@@ -436,12 +450,21 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
             conn.deadline = deadline
             raise PMIError(_missing_message(conn, kvs, key, rank, size, timeout)) from None
         conn.deadline = deadline
-        hosts = []
-        for r in range(size):
-            got = conn.call(f"cmd=get kvsname={kvs} key={key}{r}", "get_result")
-            if got.get("rc", "0") != "0" or "value" not in got:
-                raise PMIError(f"rank {r}'s host is missing after the barrier ({got}).")
-            hosts.append(got["value"])
+        summary = f"{SUMMARY}-{_generation}-"
+        port: "int | None"
+        if rank == 0:
+            hosts, port = _publish(conn, kvs, key, summary, host, size)
+        else:
+            try:
+                conn.call("cmd=barrier_in", "barrier_out")  # rank 0 published the summary
+            except (socket.timeout, TimeoutError):
+                raise PMIError(
+                    f"key-value exchange of {size} ranks timed out after {timeout:g} s on rank "
+                    f"{rank}: every rank published its host, but rank 0 never published the "
+                    "summary of all of them (it died or hangs after the first barrier). Check "
+                    "rank 0's output; set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
+                    "MASTER_ADDR to skip the exchange.") from None
+            hosts, port = _read_summary(conn, kvs, summary, size)
     except PMIError:
         _release(sock, found, flags)
         raise
@@ -454,9 +477,192 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
         raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
                        f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
     _release(sock, found, flags)
-    result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why, kvs)
+    result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why, kvs,
+                      port)
     _done = (os.getpid(), result)
     return result
+
+
+def _vallen(conn: _Conn) -> int:
+    """How many characters one value may hold: ``cmd=get_maxes`` answers ``vallen_max``
+    (measured: 1024 under MPICH 4 and 5, 4096 under Intel MPI). MPICH 4 keeps
+    ``vallen_max - 1`` characters (the C string's NUL; measured: a 1024-character value
+    came back as 1023), so that is the limit used."""
+    got = conn.call("cmd=get_maxes", "maxes")
+    raw = got.get("vallen_max", "")
+    if got.get("rc", "0") != "0" or not raw.isdigit() or int(raw) < 64:
+        raise PMIError(f"the launcher gave no usable value length (cmd=get_maxes: {got})")
+    return int(raw) - 1
+
+
+def _escape(host: str) -> str:
+    for c, code in (("%", "%25"), (",", "%2C"), ("*", "%2A"), ("/", "%2F"), (";", "%3B")):
+        host = host.replace(c, code)
+    return host
+
+
+def _unescape(text: str) -> str:
+    head, *rest = text.split("%")
+    return head + "".join(chr(int(part[:2], 16)) + part[2:] for part in rest)
+
+
+def encode(hosts: "list[str]", port: "int | None" = None) -> str:
+    """Every rank's host, compactly: the distinct hosts (by lowest rank, escaped) joined by
+    ``,``, then ``/``, then each rank's index into them in runs (``i`` or ``i*count``):
+    ``node2,node1/0*2,1*2``. 256 ranks on 2 nodes in blocks: 23 characters. Then
+    ``/<port>`` when rank 0 found a free port."""
+    index: "dict[str, int]" = {}
+    runs: "list[list[int]]" = []  # [node index, count]
+    for host in hosts:
+        i = index.setdefault(host, len(index))
+        if runs and runs[-1][0] == i:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1])
+    return (",".join(_escape(h) for h in index) + "/"
+            + ",".join(f"{i}*{n}" if n > 1 else str(i) for i, n in runs)
+            + ("" if port is None else f"/{port}"))
+
+
+def decode(text: str, size: int) -> "tuple[list[str], int | None]":
+    """The inverse of `encode`: (hosts, port); PMIError unless it names exactly `size`
+    ranks."""
+    port = None
+    try:
+        names, _, runs = text.partition("/")
+        runs, _, raw_port = runs.partition("/")
+        if raw_port:
+            port = int(raw_port)
+            if not 0 < port < 65536:
+                raise ValueError(raw_port)
+        distinct = [_unescape(h) for h in names.split(",")]
+        hosts: "list[str]" = []
+        for run in runs.split(","):
+            i, _, n = run.partition("*")
+            hosts.extend([distinct[int(i)]] * (int(n) if n else 1))
+    except (ValueError, IndexError):
+        hosts = []
+    if len(hosts) != size:
+        raise PMIError(f"rank 0's summary of the hosts does not describe {size} ranks "
+                       f"({text[:200]!r}). " + STALE_SUMMARY)
+    return hosts, port
+
+
+#: What to do when the summary is not this job's (another program using the same keys).
+STALE_SUMMARY = ("Fix: run every rank under one distenv version; set MASTER_ADDR (and "
+                 "NODE_RANK) to skip the exchange.")
+
+
+def split(payload: str, limit: int) -> "list[str]":
+    """`payload` as values of at most `limit` characters, the first prefixed ``<count>;``."""
+    count = 1
+    for _ in range(8):
+        head = f"{count};"
+        cut = limit - len(head)
+        parts = [head + payload[:cut]] + [payload[i:i + limit]
+                                           for i in range(cut, len(payload), limit)]
+        if len(parts) == count:
+            return parts
+        count = len(parts)
+    raise PMIError(f"cannot split {len(payload)} characters into values of {limit}")
+
+
+def free_port(start: int, tries: int = 64) -> "int | None":
+    """The first port from `start` (wrapping within distenv.ports' range, 20000-29999, below
+    the kernel's ephemeral ports) that this host lets a new listening socket bind, as
+    torch's store binds it (SO_REUSEADDR, every address); None if `tries` ports are taken.
+    A bind and a close: microseconds. Free now is not reserved: a program binding it before
+    the store does still wins; but a job already listening there is avoided."""
+    from .ports import BASE, SPAN
+
+    for i in range(tries):
+        port = BASE + (start - BASE + i) % SPAN
+        if _bindable(port):
+            return port
+    return None
+
+
+def _bindable(port: int) -> bool:
+    """True when a listening socket could bind `port` on every address, IPv6 (when this
+    host has it) and IPv4 alike."""
+    bound = False
+    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 here
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((addr, port))
+            bound = True
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return bound
+
+
+def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
+             size: int) -> "tuple[list[str], int | None]":
+    """Rank 0, after the first barrier: read every rank's host, find a free port on this
+    host (`free_port`, from the port derived from the job's kvsname), publish both as one
+    summary (split across keys ``<summary><i>`` within the service's value length), then
+    the second barrier, after which every other rank reads the summary."""
+    hosts = [host]
+    missing: "tuple[int, dict[str, str]] | None" = None
+    for r in range(1, size):
+        got = conn.call(f"cmd=get kvsname={kvs} key={key}{r}", "get_result")
+        if got.get("rc", "0") != "0" or "value" not in got:
+            missing = (r, got)
+            break
+        hosts.append(got["value"])
+    # A missing host is published too ("!<rank>"): every rank then fails with rank 0's
+    # reason at once, instead of waiting out its timeout at the second barrier.
+    from .ports import port_for
+
+    port = free_port(port_for(f"hydra:{kvs}"))
+    payload = f"!{missing[0]}" if missing is not None else encode(hosts, port)
+    for i, part in enumerate(split(payload, _vallen(conn))):
+        got = conn.call(f"cmd=put kvsname={kvs} key={summary}{i} value={part}", "put_result")
+        if got.get("rc", "0") != "0":
+            raise PMIError(f"the launcher refused to store the summary of the hosts: {got}")
+    try:
+        conn.call("cmd=barrier_in", "barrier_out")
+    except (socket.timeout, TimeoutError):
+        raise PMIError(
+            f"key-value exchange of {size} ranks timed out on rank 0: every rank published its "
+            "host, but not every rank came back to read the summary (one died or hangs between "
+            "the two barriers). Set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
+            "MASTER_ADDR to skip the exchange.") from None
+    if missing is not None:
+        raise PMIError(f"rank {missing[0]}'s host is missing after the barrier ({missing[1]}).")
+    return hosts, port
+
+
+def _read_summary(conn: _Conn, kvs: str, summary: str, size: int) -> "tuple[list[str], int | None]":
+    """Every rank but 0, after the second barrier: rank 0's summary, one ``get`` per part."""
+    parts: "list[str]" = []
+    count = 1
+    i = 0
+    while i < count:
+        got = conn.call(f"cmd=get kvsname={kvs} key={summary}{i}", "get_result")
+        if got.get("rc", "0") != "0" or "value" not in got:
+            raise PMIError(f"part {i} of rank 0's summary of the hosts is missing after the "
+                           f"barrier ({got}). " + STALE_SUMMARY)
+        value = got["value"]
+        if i == 0:
+            head, _, value = value.partition(";")
+            if not head.isdigit() or int(head) < 1:
+                raise PMIError(f"rank 0's summary of the hosts is not distenv's ({got}). "
+                               + STALE_SUMMARY)
+            count = int(head)
+        parts.append(value)
+        i += 1
+    text = "".join(parts)
+    if text.startswith("!"):
+        raise PMIError(f"rank {text[1:]}'s host is missing after the barrier (rank 0 could not "
+                       "read it).")
+    return decode(text, size)
 
 
 def _release(sock: "socket.socket | None", found: Offer, flags: "int | None") -> None:

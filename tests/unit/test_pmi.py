@@ -5,6 +5,7 @@ The fake speaks the dialects measured from MPICH 4 (``msg=`` fields, rc last) an
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,25 +17,44 @@ import pytest
 
 from distenv import DistEnvError, pmi, resolve
 from distenv.discovery import PMI_WHY, _from_exchange, complete
+from distenv.ports import port_for
 
 MPICH4 = {"init": "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0",
+          "maxes": "cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024",
           "put": "cmd=put_result rc=0 msg=success", "barrier": "cmd=barrier_out",
           "get": "cmd=get_result rc=0 msg=success value={v}",
           "miss": "cmd=get_result rc=-1 msg=key_{k}_not_found value=unknown"}
 MPICH5 = {"init": "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2",
+          "maxes": "cmd=maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max=1024",
           "put": "cmd=put_result rc=0", "barrier": "cmd=barrier_out tag=0",
           "get": "cmd=get_result rc=0 value={v}", "miss": "cmd=get_result rc=-1"}
 
 
 class FakeProxy(threading.Thread):
     """Answers one PMI-1 client. `others`: keys the other ranks put (visible after the
-    barrier); `barrier`: False = the barrier never completes (a rank never came)."""
+    barrier); `barrier`: False = the barrier never completes (a rank never came).
+    When the client is not rank 0, the fake plays rank 0's part too: at the second barrier
+    it publishes rank 0's summary of the hosts in `others` (`summary`: False = rank 0 never
+    does, the second barrier never completes; `vallen`: the value length it reads with)."""
 
-    def __init__(self, sock, dialect, others, barrier=True, size=2, rank=1):
+    def __init__(self, sock, dialect, others, barrier=True, size=2, rank=1, summary=True,
+                 vallen=1024):
         super().__init__(daemon=True)
         self.sock, self.d, self.kvs, self.barrier = sock, dialect, {}, barrier
         self.others, self.size, self.rank = others, size, rank
+        self.summary, self.vallen, self.barriers = summary, vallen, 0
         self.seen = []
+
+    def publish_summary(self):
+        """Rank 0's part: the summary of every rank's host, as pmi.encode/split write it."""
+        prefixes = {k.rsplit("-", 1)[0] for k in self.kvs if k.startswith(pmi.KEY + "-")}
+        assert len(prefixes) == 1, prefixes
+        prefix = prefixes.pop()
+        gen = prefix.rsplit("-", 1)[1]
+        hosts = [self.kvs[f"{prefix}-{r}"] for r in range(self.size)]
+        parts = pmi.split(pmi.encode(hosts), self.vallen - 1)
+        for i, part in enumerate(parts):
+            self.kvs[f"{pmi.SUMMARY}-{gen}-{i}"] = part
 
     def run(self):
         f = self.sock.makefile("rwb", buffering=0)
@@ -54,9 +74,16 @@ class FakeProxy(threading.Thread):
             elif cmd == "put":
                 self.kvs[fields["key"]] = fields["value"]
                 out = self.d["put"]
+            elif cmd == "get_maxes":
+                out = self.d["maxes"].replace("1024", str(self.vallen))
             elif cmd == "barrier_in":
-                if self.barrier:
+                self.barriers += 1
+                if self.barriers == 1 and self.barrier:
                     self.kvs.update(self.others)
+                    out = self.d["barrier"]
+                elif self.barriers == 2 and (self.summary or self.rank == 0):
+                    if self.rank != 0:
+                        self.publish_summary()
                     out = self.d["barrier"]
             elif cmd == "get":
                 k = fields["key"]
@@ -284,3 +311,256 @@ def test_complete_uses_mpi_when_it_is_already_initialized(monkeypatch):
     got = complete(env, need=("master_addr", "world_size"))
     assert (got.world_size, got.master_addr, got.node_rank, got.num_nodes) == (4, "node2", 1, 2)
     assert got.provenance["master_addr"] == "mpi4py allgather of host names"
+
+
+# -- scale: rank 0 reads every host and publishes one summary; the others read only that --------
+def gets(seen):
+    return [line for line in seen if line.startswith("cmd=get ")]
+
+
+@pytest.mark.parametrize("dialect", [MPICH4, MPICH5], ids=["mpich4", "mpich5"])
+def test_a_rank_other_than_0_reads_the_summary_not_every_rank(no_watcher, dialect):
+    """256 ranks: rank 5 makes one `get` (the summary), not 256; two barriers."""
+    ours, theirs = socket.socketpair()
+    gen = pmi._generation + 1
+    me = socket.gethostname()
+    others = {key(r, gen): ("node2" if r < 128 else "node1") for r in range(256) if r != 5}
+    proxy = FakeProxy(theirs, dialect, others, size=256, rank=5)
+    proxy.start()
+    ex = pmi.exchange({}, timeout=5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=5, size=256))
+    assert ex.hosts == ["node2"] * 5 + [me] + ["node2"] * 122 + ["node1"] * 128
+    assert ex.port is None  # the fake's rank 0 published none
+    assert gets(proxy.seen) == [f"cmd=get kvsname=kvs_42_0_7_node1 key={pmi.SUMMARY}-{gen}-0"]
+    assert proxy.seen.count("cmd=barrier_in") == 2
+    assert "cmd=get_maxes" not in proxy.seen  # only rank 0 writes the summary
+    ours.close()
+
+
+@pytest.mark.parametrize("dialect", [MPICH4, MPICH5], ids=["mpich4", "mpich5"])
+def test_rank_0_reads_every_host_once_and_publishes_the_summary(no_watcher, dialect):
+    ours, theirs = socket.socketpair()
+    gen = pmi._generation + 1
+    me = socket.gethostname()
+    proxy = FakeProxy(theirs, dialect, {key(1, gen): "node2", key(2, gen): "node1",
+                                        key(3, gen): "node1"}, size=4, rank=0)
+    proxy.start()
+    ex = pmi.exchange({}, timeout=5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=0, size=4))
+    assert ex.hosts == [me, "node2", "node1", "node1"]
+    kvs = "kvs_42_0_7_node1"
+    assert gets(proxy.seen) == [f"cmd=get kvsname={kvs} key={key(r, gen)}" for r in (1, 2, 3)]
+    # the port: free on rank 0's host, from the one derived from the job's kvsname
+    assert ex.port == pmi.free_port(port_for(f"hydra:{kvs}"))
+    summary = (f"cmd=put kvsname={kvs} key={pmi.SUMMARY}-{gen}-0 "
+               f"value=1;{me},node2,node1/0,1,2*2/{ex.port}")
+    assert proxy.seen[-3:] == ["cmd=get_maxes", summary, "cmd=barrier_in"], proxy.seen
+    assert proxy.seen.count("cmd=barrier_in") == 2
+    ours.close()
+
+
+def test_a_summary_longer_than_one_value_is_split_and_joined(no_watcher):
+    """Round-robin placement over 40 nodes with long names: the summary (>1 KB) travels in
+    parts of at most vallen-1 characters; rank 0 writes them, another rank reads them all."""
+    names = [f"compute-node-{i:03d}.cluster.example.org" for i in range(40)]
+    hosts = [names[r % 40] for r in range(200)]
+    gen = pmi._generation + 1
+    # rank 0 writing, with a service whose values hold 256 characters
+    ours, theirs = socket.socketpair()
+    hosts0 = [socket.gethostname()] + hosts[1:]
+    proxy = FakeProxy(theirs, MPICH4, {key(r, gen): h for r, h in enumerate(hosts0) if r},
+                      size=200, rank=0, vallen=256)
+    proxy.start()
+    ex = pmi.exchange({}, timeout=5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=0, size=200))
+    assert ex.hosts == hosts0
+    parts = [line.split(" value=", 1)[1] for line in proxy.seen
+             if line.startswith(f"cmd=put kvsname=kvs_42_0_7_node1 key={pmi.SUMMARY}-")]
+    assert len(parts) > 1 and all(len(p) <= 255 for p in parts), [len(p) for p in parts]
+    assert parts[0].startswith(f"{len(parts)};")
+    assert pmi.decode("".join(parts)[len(f"{len(parts)};"):], 200) == (hosts0, ex.port)
+    ours.close()
+    # rank 7 reading such a summary: one get per part
+    ours, theirs = socket.socketpair()
+    pmi._done = None
+    gen = pmi._generation + 1
+    proxy = FakeProxy(theirs, MPICH5, {key(r, gen): h for r, h in enumerate(hosts) if r != 7},
+                      size=200, rank=7, vallen=256)
+    proxy.start()
+    ex = pmi.exchange({}, timeout=5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=7, size=200))
+    me = socket.gethostname()
+    assert ex.hosts == hosts[:7] + [me] + hosts[8:]
+    assert len(gets(proxy.seen)) == len(pmi.split(pmi.encode(ex.hosts), 255)) > 1
+    ours.close()
+
+
+@pytest.mark.parametrize("hosts", [
+    ["a"], ["node2", "node2", "node1", "node1"], ["n1", "n2"] * 50,
+    ["we,ird*host/50%;x", "plain", "we,ird*host/50%;x"], [f"h{i}" for i in range(300)],
+])
+def test_encode_decode_round_trip(hosts):
+    text = pmi.encode(hosts)
+    assert pmi.decode(text, len(hosts)) == (hosts, None)
+    assert pmi.decode(pmi.encode(hosts, 23456), len(hosts)) == (hosts, 23456)
+    for limit in (63, 255, 1023):
+        parts = pmi.split(text, limit)
+        assert all(0 < len(p) <= limit for p in parts)
+        count, _, first = parts[0].partition(";")
+        assert int(count) == len(parts) and first + "".join(parts[1:]) == text
+
+
+def test_encode_is_compact_for_blocks():
+    assert pmi.encode(["node2"] * 128 + ["node1"] * 128) == "node2,node1/0*128,1*128"
+    with pytest.raises(pmi.PMIError, match="does not describe 5 ranks"):
+        pmi.decode("node2,node1/0*2,1*2", 5)
+    with pytest.raises(pmi.PMIError, match="does not describe 2 ranks"):
+        pmi.decode("node2/0,1", 2)  # index 1 names no host
+
+
+def test_rank_0_that_never_publishes_is_named_within_the_timeout(no_watcher):
+    ours, theirs = socket.socketpair()
+    gen = pmi._generation + 1
+    proxy = FakeProxy(theirs, MPICH4, {key(0, gen): "node2"}, summary=False)
+    proxy.start()
+    t0 = time.monotonic()
+    with pytest.raises(pmi.PMIError, match=r"timed out after 1.5 s on rank 1: every rank "
+                                           r"published its host, but rank 0 never published"):
+        pmi.exchange({}, timeout=1.5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=1, size=2))
+    assert time.monotonic() - t0 <= 1.7
+    assert os.get_blocking(ours.fileno())
+    ours.close()
+
+
+def test_a_host_rank_0_cannot_read_fails_every_rank_at_once(no_watcher):
+    """Rank 0 finds rank 2's key missing after the barrier: it publishes that, so every
+    rank raises the same reason at once instead of waiting out the timeout."""
+    ours, theirs = socket.socketpair()
+    gen = pmi._generation + 1
+    proxy = FakeProxy(theirs, MPICH5, {key(1, gen): "node2"}, size=3, rank=0)
+    proxy.start()
+    with pytest.raises(pmi.PMIError, match="rank 2's host is missing after the barrier"):
+        pmi.exchange({}, timeout=5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=0, size=3))
+    assert f"{pmi.SUMMARY}-{gen}-0 value=1;!2" in proxy.seen[-2], proxy.seen
+    ours.close()
+    # another rank reading that summary
+    ours, theirs = socket.socketpair()
+    pmi._done = None
+    gen = pmi._generation + 1
+    proxy = FakeProxy(theirs, MPICH5, {}, size=3, rank=1, summary=False)
+    proxy.kvs[f"{pmi.SUMMARY}-{gen}-0"] = "1;!2"
+    proxy.summary = True
+    proxy.publish_summary = lambda: None
+    proxy.start()
+    t0 = time.monotonic()
+    with pytest.raises(pmi.PMIError, match="rank 2's host is missing after the barrier"):
+        pmi.exchange({}, timeout=5, found=pmi.Offer("fd", "t", fd=ours.fileno(), rank=1, size=3))
+    assert time.monotonic() - t0 < 1
+    ours.close()
+
+
+class SharedProxy:
+    """One fake Hydra for `size` client processes: puts become visible when the barrier
+    they precede completes for every rank (as Hydra's proxy does)."""
+
+    def __init__(self, size, dialect=MPICH4):
+        self.size, self.d, self.kvs, self.pending = size, dialect, {}, {}
+        self.lock = threading.Lock()
+        self.barrier = threading.Barrier(size, action=self.commit)
+        self.gets = {}
+
+    def commit(self):
+        self.kvs.update(self.pending)
+        self.pending.clear()
+
+    def serve(self, sock, rank):
+        f = sock.makefile("rwb", buffering=0)
+        for raw in f:
+            fields = dict(p.partition("=")[::2] for p in raw.decode().split())
+            cmd, out = fields.get("cmd"), None
+            if cmd == "init":
+                out = self.d["init"]
+            elif cmd == "get_my_kvsname":
+                out = "cmd=my_kvsname kvsname=kvs_7"
+            elif cmd == "get_maxes":
+                out = self.d["maxes"]
+            elif cmd == "put":
+                with self.lock:
+                    self.pending[fields["key"]] = fields["value"]
+                out = self.d["put"]
+            elif cmd == "barrier_in":
+                self.barrier.wait(timeout=30)
+                out = self.d["barrier"]
+            elif cmd == "get":
+                self.gets[rank] = self.gets.get(rank, 0) + 1
+                with self.lock:
+                    v = self.kvs.get(fields["key"])
+                out = self.d["get"].format(v=v) if v is not None else self.d["miss"].format(k="k")
+            elif cmd == "finalize":
+                out = "cmd=finalize_ack"
+            if out is not None:
+                f.write(out.encode() + b"\n")
+
+
+def test_every_rank_of_a_job_learns_the_same_placement():
+    """12 real processes against one fake Hydra, hosts round-robin over 3 names: every rank
+    gets every rank's host; rank 0 makes 11 gets, every other rank one."""
+    size = 12
+    proxy = SharedProxy(size)
+    code = ("import json, os, socket, sys, distenv.pmi as p; r = int(sys.argv[2]); "
+            "socket.gethostname = lambda: 'n%d' % (r % 3); "
+            "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=r, size=int(sys.argv[3])); "
+            "ex = p.exchange({}, timeout=30, found=o); print(json.dumps(ex.hosts), flush=True); "
+            "os._exit(0)")
+    children, threads = [], []
+    for r in range(size):
+        ours, theirs = socket.socketpair()
+        t = threading.Thread(target=proxy.serve, args=(ours, r), daemon=True)
+        t.start()
+        threads.append(t)
+        children.append(subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno()), str(r),
+                                          str(size)], pass_fds=(theirs.fileno(),),
+                                         stdout=subprocess.PIPE, text=True))
+        theirs.close()
+    want = [f"n{r % 3}" for r in range(size)]
+    for child in children:
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0 and json.loads(out) == want, out
+    assert proxy.gets[0] == size - 1
+    assert all(proxy.gets[r] == 1 for r in range(1, size)), proxy.gets
+
+
+def test_free_port_skips_a_port_in_use():
+    busy = socket.create_server(("", 0))  # some port, then one in distenv's range
+    taken = None
+    for port in range(25000, 25100):
+        try:
+            busy.close()
+            busy = socket.create_server(("", port))
+            taken = port
+            break
+        except OSError:
+            continue
+    assert taken is not None
+    try:
+        got = pmi.free_port(taken)
+        assert got is not None and got != taken and 20000 <= got < 30000
+        assert pmi.free_port(29999, tries=2) in (29999, 20000)  # wraps within the range
+    finally:
+        busy.close()
+
+
+def test_every_rank_gets_rank_0s_port():
+    """Rank 0's free port travels in the summary: every rank of the job has the same."""
+    size = 3
+    proxy = SharedProxy(size, MPICH5)
+    code = ("import json, os, sys, distenv.pmi as p; r = int(sys.argv[2]); "
+            "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=r, size=3); "
+            "ex = p.exchange({}, timeout=30, found=o); print(json.dumps(ex.port), flush=True); "
+            "os._exit(0)")
+    children = []
+    for r in range(size):
+        ours, theirs = socket.socketpair()
+        threading.Thread(target=proxy.serve, args=(ours, r), daemon=True).start()
+        children.append(subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno()), str(r)],
+                                         pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE,
+                                         text=True))
+        theirs.close()
+    ports = {json.loads(c.communicate(timeout=60)[0]) for c in children}
+    assert len(ports) == 1 and 20000 <= ports.pop() < 30000
