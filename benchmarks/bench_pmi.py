@@ -1,7 +1,8 @@
 """The key-value exchange (distenv.pmi) against a bare MPI_Init, in the same mpiexec run.
 
-    .venv/bin/python benchmarks/bench_pmi.py [--np 64] [--runs 3] [--launcher mpich4|mpich5|intelmpi]
-                                             [--pmi-port]
+    .venv/bin/python benchmarks/bench_pmi.py [--np 64[,128,...]] [--runs 3]
+                                             [--launcher mpich4|mpich5|intelmpi] [--pmi-port]
+                                             [--compare OTHER/src]
 
 Every rank of one `mpiexec -np N` (one machine, oversubscribed) runs the exchange
 (`distenv.pmi.exchange`), then mpi4py's `MPI_Init` (mpi4py imported beforehand with
@@ -10,7 +11,12 @@ machine, and both steps wait for the last rank, so each step's cost is measured 
 moment the *last* rank entered it to the moment the last rank left it (CLOCK_MONOTONIC is
 one clock for every process of a machine). Prints, per run and as the median over runs,
 the exchange's cost, MPI_Init's, and the difference; the goal (issue 17) is an exchange
-within 50 ms of MPI_Init's own start.
+within 50 ms of MPI_Init's own start. Issue 20's goals: at the largest --np the exchange
+costs <= 0.2x MPI_Init, and from one --np to twice as many it grows <= 2.2x.
+
+--compare DIR runs every round a second time with DIR (another checkout's src, e.g. a
+`git worktree` of the commit before a change) first on PYTHONPATH, alternating which arm
+goes first, so both see the same load. The load average is printed with every run.
 """
 from __future__ import annotations
 
@@ -70,7 +76,9 @@ def cost(records, key) -> float:
     return max(r[key][1] for r in records) - max(r[key][0] for r in records)
 
 
-def one_run(argv, env, np_, pmi_port) -> dict:
+def one_run(argv, env, np_, pmi_port, src=None) -> dict:
+    if src is not None:
+        env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), env.get("PYTHONPATH"))))}
     cmd = ["timeout", "-k", "5", "600", *argv, "-np", str(np_), *(["-pmi-port"] if pmi_port else []),
            sys.executable, "-c", RANK, MARK]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
@@ -88,31 +96,57 @@ def one_run(argv, env, np_, pmi_port) -> dict:
         raise SystemExit(f"run failed (exit {p.returncode}, {len(records)} of {np_} ranks):\n"
                          f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     spread = max(r["ex"][0] for r in records) - min(r["ex"][0] for r in records)
-    return {"exchange": cost(records, "ex"), "mpi_init": cost(records, "mpi"), "start_spread": spread}
+    return {"exchange": cost(records, "ex"), "mpi_init": cost(records, "mpi"), "start_spread": spread,
+            "load": os.getloadavg()[0]}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--np", type=int, default=64)
+    ap.add_argument("--np", default="64", help="rank counts, comma-separated (e.g. 128,256)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--launcher", choices=("mpich4", "mpich5", "intelmpi"), default="mpich4")
     ap.add_argument("--pmi-port", action="store_true", help="Hydra's -pmi-port mode (MPICH only)")
+    ap.add_argument("--compare", type=Path, help="another checkout's src/ to measure alongside")
     a = ap.parse_args()
+    sizes = [int(n) for n in a.np.split(",")]
+    arms = {"this": None, **({"compare": a.compare.resolve()} if a.compare else {})}
+    mode = "-pmi-port" if a.pmi_port else "PMI_FD"
+    medians: "dict[str, dict[int, tuple[float, float]]]" = {arm: {} for arm in arms}
     with tempfile.TemporaryDirectory() as tmp:
         argv, env = launcher(a.launcher, Path(tmp))
-        results = []
-        for n in range(a.runs):
-            r = one_run(argv, env, a.np, a.pmi_port)
-            results.append(r)
-            print(f"run {n + 1}: exchange {r['exchange'] * 1e3:7.1f} ms   MPI_Init "
-                  f"{r['mpi_init'] * 1e3:7.1f} ms   difference {(r['exchange'] - r['mpi_init']) * 1e3:+7.1f} ms"
-                  f"   (ranks started over {r['start_spread']:.1f} s)")
-    ex = statistics.median(r["exchange"] for r in results)
-    mpi = statistics.median(r["mpi_init"] for r in results)
-    mode = "-pmi-port" if a.pmi_port else "PMI_FD"
-    print(f"{a.launcher} {mode}, {a.np} ranks on {os.cpu_count()} cores, median of {a.runs}: "
-          f"exchange {ex * 1e3:.1f} ms, bare MPI_Init {mpi * 1e3:.1f} ms, difference "
-          f"{(ex - mpi) * 1e3:+.1f} ms, ratio {ex / mpi:.2f} (goal: within 50 ms)")
+        for np_ in sizes:
+            results: "dict[str, list[dict]]" = {arm: [] for arm in arms}
+            for n in range(a.runs):
+                order = list(arms) if n % 2 == 0 else list(reversed(arms))
+                for arm in order:
+                    load0 = os.getloadavg()[0]
+                    r = one_run(argv, env, np_, a.pmi_port, arms[arm])
+                    results[arm].append(r)
+                    print(f"{np_} ranks, {arm:7s} run {n + 1}: exchange {r['exchange'] * 1e3:7.1f} ms"
+                          f"   MPI_Init {r['mpi_init'] * 1e3:7.1f} ms   ratio "
+                          f"{r['exchange'] / r['mpi_init']:.2f}   (ranks started over "
+                          f"{r['start_spread']:.1f} s; load average {load0:.1f} -> {r['load']:.1f})",
+                          flush=True)
+            for arm in arms:
+                ex = statistics.median(r["exchange"] for r in results[arm])
+                mpi = statistics.median(r["mpi_init"] for r in results[arm])
+                medians[arm][np_] = (ex, mpi)
+                print(f"{a.launcher} {mode}, {np_} ranks on {os.cpu_count()} cores, {arm}, median of "
+                      f"{a.runs}: exchange {ex * 1e3:.1f} ms, bare MPI_Init {mpi * 1e3:.1f} ms, "
+                      f"difference {(ex - mpi) * 1e3:+.1f} ms, ratio {ex / mpi:.2f} "
+                      "(goals: within 50 ms; <= 0.2x at the largest size)", flush=True)
+    for arm in arms:
+        got = medians[arm]
+        ex, mpi = got[sizes[-1]]
+        verdict = "met" if ex / mpi <= 0.2 else "not met"
+        print(f"{arm}: at {sizes[-1]} ranks the exchange costs {ex / mpi:.2f}x MPI_Init "
+              f"(goal <= 0.2x: {verdict})")
+        for small in sizes:
+            if 2 * small in got:
+                growth = got[2 * small][0] / got[small][0]
+                print(f"{arm}: {small} -> {2 * small} ranks, the exchange grows {growth:.2f}x "
+                      f"(goal <= 2.2x: {'met' if growth <= 2.2 else 'not met'}); MPI_Init "
+                      f"{got[2 * small][1] / got[small][1]:.2f}x")
     return 0
 
 

@@ -8,6 +8,8 @@ MASTER_ADDR anywhere (the harness's clean environment drops it; the probe assert
   asserted below): `distenv.torch.init_process_group()` joins the 4 ranks at node2 and
   all-reduces; mpi4py's MPI_Init then works in the same processes; a forked and a spawned
   child that inherited the PMI descriptor or port refuse the service.
+- Scale (issue 20): rank 0 reads every rank's host, every other rank one `get` (the summary);
+  every rank learns every host and the same port; MPI_Init after it.
 - A rank that exits before the exchange: the others fail within DISTENV_TIMEOUT naming it.
 - Lightning and Transformers examples, unchanged, as the 4 ranks (MPICH 4 both modes, MPICH 5
   -pmi-port, Intel MPI): one DDP job, Lightning's weights equal to one process's.
@@ -126,7 +128,48 @@ def test_torch_all_reduces_then_mpi_init_works(need, torch_python, tmp_path, lau
     ports = {r["env"]["master_port"] for r in records}
     assert len(ports) == 1, f"ranks disagree on the port: {ports}"
     if launcher != "intelmpi":  # MPICH has no job id: the port comes from the job's kvsname
-        assert all("key-value space name" in r["why"]["master_port"] for r in records), records
+        # (or, once discovery uses it, the port rank 0 found free and published: issue 20)
+        assert all("key-value space name" in r["why"]["master_port"]
+                   or "free on rank 0's host" in r["why"]["master_port"] for r in records), records
+
+
+#: One rank: the exchange, counting what it sent (`get`s, barriers), then a bare MPI_Init.
+READS = r"""
+import json, os, sys
+from distenv import pmi
+sent = []
+call = pmi._Conn.call
+def counting(self, line, expect):
+    sent.append(line.split()[0][4:])
+    return call(self, line, expect)
+pmi._Conn.call = counting
+ex = pmi.exchange(timeout=60)
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+hosts = comm.allgather(os.uname().nodename)
+print("DISTENV-PROBE " + json.dumps({"rank": ex.rank, "size": ex.size, "hosts": ex.hosts,
+      "port": ex.port, "gets": sent.count("get"), "barriers": sent.count("barrier_in"),
+      "mpi": [comm.Get_rank(), comm.Get_size()], "mpi_hosts": hosts}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher,mode", CASES, ids=[f"{l}-{m}" for l, m in CASES])
+def test_rank_0_reads_all_the_others_read_one_summary(need, tmp_path, launcher, mode):
+    """Issue 20, item 4: rank 0 reads every rank's host and publishes one summary; every
+    other rank makes one `get` (the summary) however many ranks the job has. Every rank
+    learns every rank's host and the same port (rank 0's, free on node2), and MPI_Init
+    works after it (mpi4py, the same processes)."""
+    lay = need(layout(launcher, mode))
+    env = mpi4py_env(launcher, shared_tmp(tmp_path))
+    records, result = ranks_of(lay, [harness.PY, "-c", READS], env=env, timeout=240)
+    assert result["rc"] == 0 and [r["rank"] for r in records] == [0, 1, 2, 3], records
+    for r in records:
+        assert r["hosts"] == EXPECT_HOSTS == r["mpi_hosts"], r
+        assert r["mpi"] == [r["rank"], 4], r
+        assert r["barriers"] == 2, r
+        assert r["gets"] == (3 if r["rank"] == 0 else 1), r
+    ports = {r["port"] for r in records}
+    assert len(ports) == 1 and 20000 <= ports.pop() < 30000, records
 
 
 @pytest.mark.parametrize("mode", ["fd", "port"])
