@@ -259,6 +259,7 @@ def test_mpi4py_after_discovery(need, name):
         assert r["mpi"]["library"].startswith("Open MPI v" + ("4" if lay.launcher == "openmpi4" else "5")), r
 
 
+@pytest.mark.timeout(2400)  # two runs of up to 900 s each
 def test_lightning_trains_under_srun_mpi_pmix_arbitrary(need):
     """examples/lightning_trainer.py (DistenvEnvironment + trainer_kwargs), unchanged, as the 4
     tasks of `srun --mpi=pmix --distribution=arbitrary -w node2,node1,node1,node2`: nothing

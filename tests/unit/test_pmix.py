@@ -243,10 +243,13 @@ static void log_call(const char *what) {
 const char *PMIx_Get_version(void) { return "FakePMIx 0.1"; }
 int PMIx_Initialized(void) { return count > 0; }
 int PMIx_Init(proc_t *me, void *info, size_t n) {
-    const char *s = getenv("FAKE_SLEEP");
-    if (s) sleep(atoi(s));
-    strncpy(me->nspace, getenv("PMIX_NAMESPACE"), 255);
-    me->rank = (uint32_t)atoi(getenv("FAKE_RANK"));
+    /* Read the environment at once: a server that never answers leaves this call running in
+       a daemon thread after its test, whose monkeypatch then removes these variables. */
+    const char *ns = getenv("PMIX_NAMESPACE"), *rk = getenv("FAKE_RANK"), *s = getenv("FAKE_SLEEP");
+    if (!ns || !rk) return -1;
+    if (s) { sleep(atoi(s)); return -1; }  /* never answers in time, then fails */
+    strncpy(me->nspace, ns, 255);
+    me->rank = (uint32_t)atoi(rk);
     count++; log_call("init"); return 0;
 }
 int PMIx_Finalize(void *info, size_t n) { count--; log_call("finalize"); return 0; }
