@@ -344,12 +344,11 @@ def _check_cpu(rep: Report, env: "DistEnv | None", environ: "Mapping[str, str]")
 
 def _passed_on(env: "DistEnv | None", name: str, value: object) -> str:
     """How a variable exported in the job script reaches every rank, for this launcher."""
-    launcher = env.launcher if env is not None else None
-    if launcher == "openmpi":
-        return f", and pass it to every rank (mpirun -x {name})"
-    if launcher in ("mpich", "intelmpi", "mvapich2"):
-        return f", and pass it to every rank (mpiexec -genv {name} {value})"
-    return ""
+    from .sources import find
+
+    entry = find(env.launcher) if env is not None and env.launcher else None
+    passed = entry.load().passes_on(name, value) if entry is not None else ""
+    return f", and pass it to every rank ({passed})" if passed else ""
 
 
 def _truthy(value: object) -> bool:

@@ -35,13 +35,14 @@ def variables(env: DistEnv) -> "dict[str, object]":
 
 
 #: How each launcher family passes a variable set in the job script to every rank.
-_PASS_ON = {
-    "openmpi": "mpirun -x MASTER_ADDR", "mpich": "mpiexec -genv MASTER_ADDR <host>",
-    "intelmpi": "mpiexec -genv MASTER_ADDR <host>", "mvapich2": "mpiexec -genv MASTER_ADDR <host>",
-    "pals": "mpiexec --env MASTER_ADDR=<host>",
-    "slurm": "srun passes the job script's environment", "lsf": "jsrun passes the environment",
-    "flux": "flux run passes the environment",
-}
+
+
+def _passes_on(launcher: "str | None", name: str, value: str) -> str:
+    """How `launcher` passes a job script's variable to every rank (`Source.pass_on`), or ""."""
+    from .sources import find
+
+    entry = find(launcher) if launcher else None
+    return entry.load().passes_on(name, value) if entry is not None else ""
 
 
 def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
@@ -50,10 +51,11 @@ def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
     launcher = env.provenance.get("launcher", env.launcher)
     problems, fixes = [], []
     if "MASTER_ADDR" in names:
-        if env.launcher in _PASS_ON:
+        passed = _passes_on(env.launcher, "MASTER_ADDR", "<host>")
+        if passed:
             problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR) across nodes")
             fixes.append(f"export MASTER_ADDR=<rank 0's host> in the job script and pass it to "
-                         f"every rank ({_PASS_ON[env.launcher]})")
+                         f"every rank ({passed})")
         elif env.launcher == "env":
             problems.append("RANK and WORLD_SIZE are set but MASTER_ADDR, rank 0's host, is not")
             fixes.append("set MASTER_ADDR=<rank 0's host> (and MASTER_PORT) wherever RANK and "

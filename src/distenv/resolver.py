@@ -72,9 +72,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
 
     _per_node(env, r, source, overrides.get("nproc_per_node"))
     _derive(r)
-    after = getattr(source, "after", None)
-    if after is not None:
-        after(env, r)
+    source.after(env, r)
     _master(env, r, source, overrides)
     _check_canonical(env, r, source, overrides)
     _check_invariants(r)
@@ -174,7 +172,7 @@ def _platform(env: "Env", r: Reading, source: "Source", forced: "str | None") ->
         else:
             continue
         platform = entry.load()
-        name = platform.platform(env) if hasattr(platform, "platform") else platform.name
+        name = platform.platform(env)
         if name is None:
             continue
         r.set("platform", name, f"{marker} present")
@@ -231,7 +229,8 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
         local, nodes, size = r.get("local_world_size"), r.get("num_nodes"), r.get("world_size")
         if local == 1 and (nodes is None or nodes == size):
             gpus = None
-            if want is None and getattr(_platform_source(r), "per_node_platform", False):
+            platform = _platform_source(r)
+            if want is None and platform is not None and platform.per_node_platform:
                 from .gpus import visible_gpus
 
                 gpus, gpus_why = visible_gpus(env)

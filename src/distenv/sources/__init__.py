@@ -53,6 +53,15 @@ class Source:
     #: process), those are not asked. A framework detection no source covers is left alone
     #: when distenv finds no launcher (`covered`).
     covers: "tuple[str, ...]" = ()
+    #: Names DISTENV_LAUNCHER (and resolve(launcher=...)) accept for this source; empty: `name`.
+    aliases: "tuple[str, ...]" = ()
+    #: A platform whose one process per node starts one worker per visible GPU when nothing
+    #: else says how many (Azure ML's per-node MPI jobs).
+    per_node_platform = False
+    #: How a variable exported in the job script reaches every rank under this launcher, for
+    #: fixes in messages: "{name}" and "{value}" are filled in ("mpirun -x {name}"); "" when
+    #: the launcher has no such way or every rank inherits the script's environment anyway.
+    pass_on = ""
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
@@ -63,6 +72,23 @@ class Source:
 
     def overlay(self, env: "Env", r: "Reading") -> None:
         """Platforms: fill fields the launcher left unknown."""
+
+    def after(self, env: "Env", r: "Reading") -> None:
+        """Run after the resolver's per-node and one-node steps, before the master is
+        settled (Kubeflow: a node rank the operator gives only per pod)."""
+
+    def platform(self, env: "Env") -> "str | None":
+        """Platforms: the platform's name here (one source may serve several: gcp, vertex),
+        or None when its markers are present but this is not one of its jobs."""
+        return self.name
+
+    def names(self) -> "tuple[str, ...]":
+        """Every name that selects this source (`aliases`, else `name`)."""
+        return self.aliases or (self.name,)
+
+    def passes_on(self, name: str, value: object = "<value>") -> str:
+        """`pass_on` filled in for one variable, or ""."""
+        return self.pass_on.format(name=name, value=value) if self.pass_on else ""
 
 
 class Entry:
@@ -137,7 +163,7 @@ def names() -> "list[str]":
     """Every launcher name DISTENV_LAUNCHER accepts."""
     out: "list[str]" = []
     for entry in LAUNCHERS:
-        out.extend(getattr(entry.load(), "aliases", (entry.name,)))
+        out.extend(entry.load().names())
     return out + ["none"]
 
 
@@ -178,7 +204,7 @@ def launchers_of(family_name: str) -> "tuple[str, ...]":
     for entry in LAUNCHERS:
         source = entry.load()
         if source.family == family_name:
-            out.extend(getattr(source, "aliases", (source.name,)))
+            out.extend(source.names())
     return tuple(out)
 
 
@@ -193,7 +219,7 @@ def prefixes(family_name: "str | None" = None) -> "tuple[str, ...]":
 
 def find(name: str) -> "Entry | None":
     for entry in LAUNCHERS + [NONE]:
-        if name == entry.name or name in getattr(entry.load(), "aliases", ()):
+        if name == entry.name or name in entry.load().aliases:
             return entry
     return None
 

@@ -18,6 +18,7 @@ class Flux(Source):
     name = "flux"
     title = "Flux"
     family = "flux"
+    pass_on = "flux run passes the environment"
     prefixes = ('FLUX_',)
     can_be_per_node = True
 

@@ -42,6 +42,7 @@ class Hydra(Source):
     name = "mpich"
     title = "MPICH (Hydra)"
     family = "mpi"
+    pass_on = "mpiexec -genv {name} {value}"
     prefixes = ('PMI_', 'MPI_LOCAL', 'HYDRA_', 'I_MPI_')
     aliases = ("mpich", "intelmpi", "impi", "hydra")
     can_be_per_node = True

@@ -18,6 +18,7 @@ class Jsrun(Source):
     name = "lsf"
     title = "LSF jsrun"
     family = "lsf"
+    pass_on = "jsrun passes the environment"
     prefixes = ('JSM_', 'LSB_')
     aliases = ("lsf", "jsrun")
     can_be_per_node = True

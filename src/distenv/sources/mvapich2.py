@@ -18,6 +18,7 @@ class Mvapich2(Source):
     name = "mvapich2"
     title = "MVAPICH2"
     family = "mpi"
+    pass_on = "mpiexec -genv {name} {value}"
     prefixes = ('MV2_', 'MPIRUN_')
     can_be_per_node = True
 

@@ -110,6 +110,7 @@ class OpenMPI(Source):
     aliases = ("openmpi", "ompi")
     can_be_per_node = True
     family = "mpi"
+    pass_on = "mpirun -x {name}"
     prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps",
                 "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
     covers = ("jax:ompi", "jax:prrte")  # JAX reads these variables too (jax/_src/clusters)

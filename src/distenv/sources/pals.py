@@ -22,6 +22,7 @@ class Pals(Source):
     name = "pals"
     title = "Cray PALS"
     family = "mpi"
+    pass_on = "mpiexec --env {name}={value}"
     prefixes = ('PALS_', 'PMI_')
     can_be_per_node = True
 

@@ -140,6 +140,7 @@ class Slurm(Source):
     name = "slurm"
     title = "SLURM"
     family = "slurm"
+    pass_on = "srun passes the job script's environment"
     prefixes = ('SLURM_',)
     covers = ("jax:slurm",)  # JAX reads these variables too (jax/_src/clusters)
     aliases = ("slurm", "srun")
