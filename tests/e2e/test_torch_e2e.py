@@ -91,6 +91,12 @@ def test_data_parallel_equals_one_process(jobs, name):
         assert len(set(out["hosts"])) == 1, out
         # the thread count follows the cores: never more threads than cores on the node
         assert sum(out["threads"]) <= (os.cpu_count() or 1), out
+    # These launchers place ranks in blocks (by slot, one node after the other), so a rank's
+    # local rank is the number of lower ranks on its host; rank 0 gathered what each rank's
+    # distenv.torch used.
+    placed = out["hosts"]
+    want = [placed[:rank].count(host) for rank, host in enumerate(placed)]
+    assert out["local_ranks"] == want, f"local ranks {out['local_ranks']}, hosts {placed}: want {want}"
     ref = summary(jobs.result("torch-single"))
     assert out["steps"] == ref["steps"], (out, ref)
     assert close(out["final_loss"], ref["final_loss"]), (out["final_loss"], ref["final_loss"])
