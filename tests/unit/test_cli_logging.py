@@ -103,8 +103,11 @@ def _bare_stderr_writes(path):
     return found
 
 
-#: The command line's own user output (usage, its error line) is not a library diagnostic.
-CLI_OUTPUT = {"cli.py", "run.py", "doctor.py"}
+#: The command line's own user output (usage, its error line) is not a library diagnostic;
+#: nor is the line that ends a process on an uncaught DistEnvError (errors.py's excepthook,
+#: and _autostart.py's at interpreter start): it stands where Python's traceback would, on
+#: stderr whatever logging is configured (tests/unit/test_errors_one_line.py).
+CLI_OUTPUT = {"cli.py", "run.py", "doctor.py", "errors.py", "_autostart.py"}
 
 
 def test_library_code_writes_no_bare_stderr():
