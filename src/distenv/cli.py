@@ -67,11 +67,12 @@ def _show(args: argparse.Namespace) -> int:
 
 def _label(args: argparse.Namespace, env: "DistEnv | None", machine: bool) -> "str | None":
     """The line prefix: --prefix/--no-prefix, else on in a distributed launch for text
-    meant for people (off for JSON and one-line summaries, which name the rank)."""
-    from .display import rank_label
+    meant for people (off for JSON and one-line summaries, which name the rank), unless the
+    launcher labels every line itself (srun --label, mpirun --tag-output, mpiexec -l)."""
+    from .display import launcher_labels, rank_label
 
     on = args.prefix if args.prefix is not None else (
-        not machine and (env is None or env.is_distributed))
+        not machine and (env is None or env.is_distributed) and launcher_labels() is None)
     return rank_label(env) if on else None
 
 
@@ -196,10 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "the launcher's key-value service (MPICH, Intel MPI: PMI-1); every rank "
                       "must run it")
     _many_ranks(show, "all")
-    show.set_defaults(func=_show)
+    show.set_defaults(parser=show, func=_show)
     exp = sub.add_parser("export", help="print `export VAR=value` lines for the torch variables "
                          "(use: eval \"$(distenv export)\")")
-    exp.set_defaults(func=_export)
+    exp.set_defaults(parser=exp, func=_export)
     # `run` parses its own arguments (the command after it is not ours): see main().
     sub.add_parser("run", help="export the launch and run a command; in a per-node launch start "
                    "the workers through torch.distributed.run (distenv run --help)", add_help=False)
@@ -215,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--timeout", type=float, default=2.0, metavar="S",
                      help="seconds to wait for --probe (default 2)")
     _many_ranks(doc, "per-node")
-    doc.set_defaults(func=_doctor)
+    doc.set_defaults(parser=doc, func=_doctor)
     return parser
 
 
@@ -251,7 +252,12 @@ def main(argv: "Iterable[str] | None" = None) -> int:
         if not argv or (argv[0].startswith("-") and argv[0] not in _TOP_LEVEL):
             argv = ["show", *argv]
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # A word the command does not take: its own usage, not the top level's
+            # (argparse leaves a subcommand's unknown options to the top-level parser).
+            sub: argparse.ArgumentParser = getattr(args, "parser", parser)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
         code: int = args.func(args)  # a Namespace attribute is Any: _show, _export or _doctor
         return code
     except DistEnvError as exc:

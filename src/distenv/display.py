@@ -56,6 +56,72 @@ def rank_label(env: "DistEnv | None") -> str:
     return f"{os.uname().nodename} pid {os.getpid()}"
 
 
+#: Launchers' options that start each output line with the rank themselves.
+_TAG_OPTIONS = {
+    # Open MPI: mpirun --tag-output / -tag-output, or --output tag[,...] (Open MPI 5)
+    "mpirun": ("--tag-output", "-tag-output"),
+    # mpiexec: Open MPI's (as mpirun) or Hydra's (MPICH installs it under that name too)
+    "mpiexec": ("--tag-output", "-tag-output", "-l", "-prepend-rank", "--prepend-rank"),
+    "orterun": ("--tag-output", "-tag-output"), "prterun": ("--tag-output", "-tag-output"),
+    # MPICH and Intel MPI (Hydra): mpiexec -l / -prepend-rank
+    "mpiexec.hydra": ("-l", "-prepend-rank", "--prepend-rank"),
+    "mpiexec.mpich": ("-l", "-prepend-rank", "--prepend-rank"),
+}
+#: Where a launcher's own options end: the command it starts (the usual ones).
+_COMMANDS = ("python", "pypy", "distenv", "bash", "sh", "env", "timeout")
+
+
+def launcher_labels(environ: "dict[str, str] | None" = None, proc: str = "/proc") -> "str | None":
+    """How the launcher already starts every output line with the rank (``srun --label``,
+    ``mpirun --tag-output``, ``mpiexec -l``), or None: then distenv adds no ``[rank N]`` of
+    its own. From the environment where the launcher says so (SLURM_LABELIO, Open MPI 4's
+    OMPI_MCA_orte_tag_output), else from the options of a launcher among this process's
+    nearest ancestors on this node (Open MPI 5 and Hydra say it nowhere else)."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_LABELIO", "").strip() not in ("", "0"):
+        return "srun --label"
+    if env.get("OMPI_MCA_orte_tag_output", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "mpirun --tag-output"
+    pid = os.getpid()
+    for _ in range(3):  # the rank's parent is the launcher or its daemon; a shell may sit between
+        try:
+            with open(f"{proc}/{pid}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+            with open(f"{proc}/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            return None
+        found = _tagging(argv)
+        if found is not None:
+            return found
+        if pid <= 1:
+            return None
+    return None
+
+
+def _tagging(argv: "list[str]") -> "str | None":
+    """`launcher_labels` for one ancestor's command line."""
+    if not argv or not argv[0]:
+        return None
+    program = os.path.basename(argv[0])
+    # mpirun.openmpi, mpiexec.openmpi (Debian's names): as mpirun; mpiexec.<other>: Hydra
+    options = _TAG_OPTIONS.get(program) or _TAG_OPTIONS.get(
+        "mpirun" if program.endswith(".openmpi") else "mpiexec.hydra" if program.startswith("mpiexec.") else "")
+    if options is None:
+        return None
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "--" or os.path.basename(arg).startswith(_COMMANDS):
+            break
+        if arg in options:
+            return f"{program} {arg}"
+        if arg in ("--output", "-output") and "tag" in (argv[i + 1] if i + 1 < len(argv) else "").split(","):
+            return f"{program} {arg} {argv[i + 1]}"
+        if arg.startswith(("--output=", "-output=")) and "tag" in arg.partition("=")[2].split(","):
+            return f"{program} {arg}"
+    return None
+
+
 def parse_ranks(spec: str) -> "frozenset[int] | str | None":
     """``all`` -> None; ``per-node``; ``0``, ``0,2``, ``0-3,8`` -> a frozenset of ranks.
     Raises ValueError with the accepted forms."""

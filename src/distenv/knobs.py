@@ -19,7 +19,7 @@ import os
 
 from . import ports
 from .errors import DistEnvError
-from .reading import parse_int
+from .reading import PORT_MAX, parse_port
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -64,17 +64,14 @@ def side_port(env: "DistEnv", purpose: str, environ: "Mapping[str, str] | None" 
     `given` (a keyword argument) wins, then the variable `var` (e.g. DISTENV_TF_PORT), else
     ``ports.port_for("<purpose>:<launcher>:<job id>:<addr>:<master port>")`` moved past the
     master port when the range would hold it. `addr` defaults to the master address."""
-    name = var or "the port"
+    name = var or "port"
+    last = PORT_MAX + 1 - width  # the first of `width` consecutive ports
     if given is None and var is not None:
         raw = _environ(environ).get(var)
         if raw:
-            given = parse_int(raw, var, minimum=1)
+            return parse_port(raw, var, last=last)
     if given is not None:
-        port = int(given)
-        if port + width - 1 > 65535:
-            raise DistEnvError(f"{name}={port} + {width} port(s) passes 65535. Fix: choose a "
-                               f"port of at most {65536 - width}, or unset it (derived from the job).")
-        return port
+        return parse_port(str(given), name, last=last)
     host = env.master_addr if addr is None else addr
     base = ports.port_for(f"{purpose}:{env.launcher}:{env.job_id}:{host}:{env.master_port}")
     master = env.master_port

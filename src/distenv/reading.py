@@ -25,25 +25,45 @@ def show(value: object, limit: int = 80) -> str:
 
 
 def parse_int(raw: str, name: str, who: str = "", minimum: int = 0) -> int:
-    """A strict non-negative integer (ASCII digits only: int() would accept '٣' or '1_0')."""
+    """A strict integer from `minimum` to MAX_COUNT - 1 (ASCII digits only: int() would accept
+    '٣' or '1_0'). Every bad value gets one wording: what was given, the range, the fix."""
     if raw.isdigit() and raw.isascii() and len(raw) <= 10:  # the usual case, checked below
         value = int(raw)
         if minimum <= value < MAX_COUNT:
             return value
     text = raw.strip()
-    if not text or len(text) > 12 or not (text.isascii() and text.isdigit()):
-        by = f" (set by {who})" if who else ""
-        raise DistEnvError(
-            f"{name}={show(raw)}{by} is not a non-negative integer. "
-            f"Fix: unset {name} or give it the launcher's value."
-        )
-    value = int(text)
-    if value < minimum or value >= MAX_COUNT:
-        raise DistEnvError(
-            f"{name}={show(raw)} is out of range (expected {minimum} <= {name} < {MAX_COUNT}). "
-            f"Fix: unset {name} or give it the launcher's value."
-        )
-    return value
+    if text and len(text) <= 12 and text.isascii() and text.isdigit() and minimum <= int(text) < MAX_COUNT:
+        return int(text)
+    by = f" (set by {who})" if who else ""
+    raise DistEnvError(
+        f"{name}={show(raw)}{by} is not an integer from {minimum} to {MAX_COUNT - 1}. "
+        f"Fix: unset {name} or give it the launcher's value."
+    )
+
+
+#: TCP ports: the range every port distenv reads or derives must be in.
+PORT_MIN, PORT_MAX = 1, 65535
+
+
+def port_error(name: str, given: object, who: str = "", last: int = PORT_MAX) -> DistEnvError:
+    """The one wording of a bad port: what was given, the range, the fix. `last`: a lower
+    upper bound for the first of several consecutive ports."""
+    by = f" (set by {who})" if who else ""
+    width = PORT_MAX + 1 - last
+    text = str(given).strip()
+    a_port = text.isascii() and text.isdigit() and PORT_MIN <= int(text[:6]) <= PORT_MAX
+    what = (f"cannot be the first of {width} TCP ports ({PORT_MIN}-{PORT_MAX}): it must be at most {last}"
+            if a_port and width > 1 else f"is not a TCP port ({PORT_MIN}-{PORT_MAX})")
+    return DistEnvError(f"{name}={show(given)}{by} {what}. "
+                        f"Fix: set {name} to a free port from {PORT_MIN} to {last}, or unset it.")
+
+
+def parse_port(raw: str, name: str, who: str = "", last: int = PORT_MAX) -> int:
+    """A TCP port, 1 to 65535 (or `last`), from a variable; else `port_error`."""
+    text = raw.strip()
+    if text and len(text) <= 5 and text.isascii() and text.isdigit() and PORT_MIN <= int(text) <= last:
+        return int(text)
+    raise port_error(name, raw, who, last)
 
 
 def get_int(env: "Env", name: str, who: str = "", minimum: int = 0) -> "int | None":
@@ -98,7 +118,7 @@ class Reading:
         raw = env.get(name)
         if raw is None:
             return None
-        value = parse_int(raw, name, who, minimum)
+        value = parse_port(raw, name, who) if field == "master_port" else parse_int(raw, name, who, minimum)
         self.values[field] = value
         self.why[field] = f"{name}={value}"
         return value

@@ -18,7 +18,7 @@ import os
 from . import ports
 from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv, _build
 from .errors import DistEnvError
-from .reading import MAX_COUNT, Reading, get_int, parse_int, show
+from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -363,7 +363,7 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
         r.set("master_addr", LOOPBACK, "one node: loopback")
 
     if "master_port" not in overrides and env.get("MASTER_PORT") and "MASTER_PORT" not in owns:
-        r.set("master_port", parse_int(env["MASTER_PORT"], "MASTER_PORT", minimum=1),
+        r.set("master_port", parse_port(env["MASTER_PORT"], "MASTER_PORT"),
               "MASTER_PORT (given by the user)")
     if v.get("master_port") is None:
         if r.port_key:
@@ -425,8 +425,8 @@ def _check_canonical(env: "Env", r: Reading, source: "Source", overrides: "dict[
 
 
 _COUNTS = ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
-           "num_nodes", "nproc_per_node", "master_port")
-_POSITIVE = ("world_size", "local_world_size", "num_nodes", "nproc_per_node", "master_port")
+           "num_nodes", "nproc_per_node")  # master_port: a TCP port, checked on its own
+_POSITIVE = ("world_size", "local_world_size", "num_nodes", "nproc_per_node")
 _LEAST = tuple((field, 1 if field in _POSITIVE else 0) for field in _COUNTS)
 # (a, b, strict): a < b when strict, else a <= b.
 _ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True),
@@ -441,12 +441,13 @@ def _bad(text: str) -> "NoReturn":
 def _check_invariants(r: Reading) -> None:
     v, why = r.values, r.why
     get = v.get
+    port = get("master_port")
+    if port is not None and (port.__class__ is not int or not PORT_MIN <= port <= PORT_MAX):
+        _bad(f"master_port={show(port)} ({why.get('master_port')}) is not a TCP port ({PORT_MIN}-{PORT_MAX}).")
     for field, least in _LEAST:
         value = get(field)
-        if value is not None and (value.__class__ is not int or value < least):
-            if value.__class__ is not int or value < 0:
-                _bad(f"{field}={show(value)} ({why.get(field)}) is not a non-negative integer.")
-            _bad(f"{field}=0 ({why.get(field)}) must be at least 1.")
+        if value is not None and (value.__class__ is not int or not least <= value < MAX_COUNT):
+            _bad(f"{field}={show(value)} ({why.get(field)}) is not an integer from {least} to {MAX_COUNT - 1}.")
     for low, high, strict in _ORDER:
         a = get(low)
         if a is not None:
@@ -454,9 +455,6 @@ def _check_invariants(r: Reading) -> None:
             if b is not None and (a >= b if strict else a > b):
                 relation = "must be below" if strict else "cannot exceed"
                 _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).")
-    port = get("master_port")
-    if port is not None and port > 65535:
-        _bad(f"master_port={port} ({why.get('master_port')}) is not a TCP port (1-65535).")
     hosts, nodes = get("hosts"), get("num_nodes")
     if hosts is not None and nodes is not None and len(hosts) != nodes:
         _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")

@@ -1,4 +1,4 @@
-"""`distenv run [--nproc-per-node N|auto] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...`
+"""`distenv run [--nproc-per-node N|auto|gpu|cpu] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...`
 
 Make an unmodified command run right under any launcher:
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .description import DistEnv
 
 USAGE = """\
-usage: distenv run [--nproc-per-node N|auto] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...
+usage: distenv run [--nproc-per-node N|auto|gpu|cpu] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...
 
 Export the resolved launch and run CMD: exec'ed directly when the launcher started every
 worker; started through torch.distributed.run (N workers here) in a per-node launch.
@@ -212,6 +212,19 @@ def _how_else(env: DistEnv) -> str:
     return "start one process per worker with your launcher"
 
 
+def as_flag(message: str, value: str) -> str:
+    """A resolver message about DISTENV_NPROC_PER_NODE, which `distenv run --nproc-per-node`
+    sets for the resolver and the command, worded for the flag the user gave."""
+    var = "DISTENV_NPROC_PER_NODE"
+    for old, new in ((f"{var}={value}", f"--nproc-per-node {value}"),
+                     (f"unset {var}", "drop --nproc-per-node"),
+                     (f"give {var} ", "give --nproc-per-node "),
+                     ("(one per CPU core), or unset it.", "(one per CPU core), or drop it."),
+                     (var, "--nproc-per-node")):
+        message = message.replace(old, new)
+    return message
+
+
 def _bound_cores() -> "int | None":
     try:
         return len(os.sched_getaffinity(0))
@@ -242,8 +255,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         env = resolve(child)
     except DistEnvError as exc:
         if opts["nproc_per_node"] is not None:
-            raise DistEnvError(f"--nproc-per-node {opts['nproc_per_node']} (passed on as "
-                               f"DISTENV_NPROC_PER_NODE): {exc}") from None
+            raise DistEnvError(as_flag(str(exc), opts["nproc_per_node"])) from None
         raise
     if discover and environ is None:
         from .discovery import complete

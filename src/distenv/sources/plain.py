@@ -48,33 +48,35 @@ class Plain(Source):
                 return True
             if _per_node(env):
                 return True
+            context, first = _context(env)
             if has_size and "LOCAL_RANK" in env:
                 raise DistEnvError(
                     f"WORLD_SIZE={env['WORLD_SIZE']!r} and LOCAL_RANK={env['LOCAL_RANK']!r} are "
-                    "set but RANK is not, and no launcher variables were found. Fix: a worker "
+                    f"set but RANK is not, {context}. Fix: {first}a worker "
                     "needs RANK too; a process per node (whose workers Lightning or `distenv "
                     "run` starts) has NODE_RANK and no LOCAL_RANK: unset LOCAL_RANK there."
                 )
             if has_size:
                 raise DistEnvError(
                     f"WORLD_SIZE={env['WORLD_SIZE']!r} is set but neither RANK nor NODE_RANK is, "
-                    "and no launcher variables were found. Fix: for one process per node whose "
+                    f"{context}. Fix: {first}for one process per node whose "
                     "workers Lightning or `distenv run` starts, set NODE_RANK (and MASTER_ADDR, "
                     "MASTER_PORT) on each node; for one process per worker set RANK; or unset "
                     "WORLD_SIZE, or run under your launcher (mpirun, srun, torchrun)."
                 )
             raise DistEnvError(
-                f"{present}={env[present]!r} is set but {missing} is not, and no launcher "
-                f"variables were found. Fix: set {missing} too, unset {present}, or run under "
+                f"{present}={env[present]!r} is set but {missing} is not, {context}. "
+                f"Fix: {first}set {missing} too, unset {present}, or run under "
                 "your launcher (mpirun, srun, torchrun)."
             )
         if not has_rank:
             local = get_int(env, "LOCAL_RANK")
             if local:
+                context, first = _context(env)
                 raise DistEnvError(
-                    f"LOCAL_RANK={local} is set but RANK and WORLD_SIZE are not, and no launcher "
-                    "variables were found: distenv cannot tell the rest of the job. "
-                    "Fix: set RANK and WORLD_SIZE, or run under your launcher."
+                    f"LOCAL_RANK={local} is set but RANK and WORLD_SIZE are not, {context}: "
+                    "distenv cannot tell the rest of the job. "
+                    f"Fix: {first}set RANK and WORLD_SIZE, or run under your launcher."
                 )
             return False  # LOCAL_RANK=0 alone: a single process
         return True
@@ -110,6 +112,29 @@ class Plain(Source):
         if env.get("MASTER_ADDR"):
             r.set("master_addr", env["MASTER_ADDR"], "MASTER_ADDR")
         r.int_from(env, "master_port", "MASTER_PORT", self.title, minimum=1)
+
+
+def _context(env: "Env") -> "tuple[str, str]":
+    """(why only the torch variables were read, the fix that comes first) for the errors of
+    `Plain.detect`: no launcher matched, or DISTENV_LAUNCHER forces this source while
+    another launcher's variables are there to read."""
+    from . import LAUNCHERS  # the registry (this module is loaded from it)
+
+    found = [(entry, marker) for entry in LAUNCHERS if entry.name != Plain.name
+             for marker in (entry.present(env),) if marker is not None]
+    forced = env.get("DISTENV_LAUNCHER", "").strip()
+    if forced:
+        if not found:
+            return f"and DISTENV_LAUNCHER={forced} makes distenv read only these variables", ""
+        entry, marker = found[0]
+        title = entry.load().title
+        return (f"and DISTENV_LAUNCHER={forced} makes distenv read only these variables, not "
+                f"{title}'s ({marker} is set)",
+                f"unset DISTENV_LAUNCHER so that distenv reads {title}'s variables; or ")
+    if found:
+        names = ", ".join(marker for _, marker in found)
+        return f"and the launcher variables present ({names}) do not describe this process", ""
+    return "and no launcher variables were found", ""
 
 
 def _per_node(env: "Env") -> bool:
