@@ -265,7 +265,7 @@ def test_missing_process_is_named_within_the_timeout(jobs, name, who, message):
     names the missing one after DISTENV_TIMEOUT (JAX alone: 300 s, then an abort naming nobody)."""
     res = jobs.result(name)
     assert res.rc not in (0, 124, 137), res.describe()
-    assert "DistEnvError: distenv.jax: " in res.output and who in res.output, res.describe()
+    assert "distenv: error: distenv.jax: " in res.output and who in res.output, res.describe()
     assert message in res.output and "DISTENV_TIMEOUT" in res.output, res.describe()
     assert res.elapsed < SHORT + 90, res.describe()  # import + 10 s, on a loaded machine
 

@@ -159,7 +159,8 @@ def test_openmpi_two_nodes_without_hosts_stops_at_the_strategy(request, tf_pytho
     MultiWorkerMirroredStrategy() naming DISTENV_HOSTFILE (and mpirun -x), on both ranks."""
     lay = S.layout("openmpi4-2nodes")
     S.need(request, lay)
-    run, out = run_script(lay, tf_python, PLAIN, AUTO, timeout=200)
+    # DISTENV_TRACEBACK=1: the traceback shows where it was raised (else the one line)
+    run, out = run_script(lay, tf_python, PLAIN, {**AUTO, "DISTENV_TRACEBACK": "1"}, timeout=200)
     err = stopped(run, "DistEnvError: cannot build TF_CONFIG: openmpi runs 2 worker(s) on 2 node(s)")
     assert "DISTENV_HOSTFILE" in err and "mpirun -x DISTENV_HOSTFILE" in err
     assert "MultiWorkerMirroredStrategy()" in err  # raised where the script builds it
@@ -185,6 +186,6 @@ def test_keras3_is_refused_at_the_strategy_with_the_fix(request, tf_python):
     lay = S.layout("openmpi4")
     S.need(request, lay)
     run, out = run_script(lay, tf_python, PLAIN, {**AUTO, "TF_USE_LEGACY_KERAS": "0"}, timeout=200)
-    err = stopped(run, "DistEnvError: Keras 3 with MultiWorkerMirroredStrategy")
+    err = stopped(run, "distenv: error: Keras 3 with MultiWorkerMirroredStrategy")
     assert "TF_USE_LEGACY_KERAS=1" in err and "DISTENV_ALLOW_KERAS3=1" in err
     assert not (out / "model.h5").exists()
