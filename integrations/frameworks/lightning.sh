@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . integrations/common.sh
 
 venv="$DISTENV_REPO_DIR/.venvs/lightning"
-venv_pip_install "$venv" -c integrations/frameworks/constraints.txt -e . torch==2.13.0 lightning pytorch-lightning pytest
+venv_pip_install "$venv" -c integrations/frameworks/constraints.txt -e . torch==2.13.0 lightning pytorch-lightning pytest pytest-timeout
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md
 import sys

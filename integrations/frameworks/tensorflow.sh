@@ -17,7 +17,7 @@ py="$venv/bin/python"
 
 install() {
     venv_pip_install "$venv" -c "$DISTENV_REPO_DIR/integrations/frameworks/constraints.txt" \
-        -e "$DISTENV_REPO_DIR" "$DISTENV_TENSORFLOW_SPEC" tensorboard mpi4py
+        -e "$DISTENV_REPO_DIR" "$DISTENV_TENSORFLOW_SPEC" tensorboard mpi4py pytest pytest-timeout
     local tf
     tf=$("$py" -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')
     local mm=${tf%.*}

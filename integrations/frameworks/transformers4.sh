@@ -11,6 +11,6 @@ C="$PWD/integrations/frameworks/constraints.txt"
 export PIP_CONSTRAINT="$C"
 V="${DISTENV_TRANSFORMERS4_VENV:-$PWD/.venvs/transformers4}"
 venv_pip_install "$V" -c "$C" -e . torch==2.13.0 \
-    "transformers>=4.57,<4.58" "accelerate>=1.10" pytest
+    "transformers>=4.57,<4.58" "accelerate>=1.10" pytest pytest-timeout
 "$V/bin/python" -c \
     'import transformers, accelerate, torch; print(transformers.__version__, accelerate.__version__, torch.__version__)'
