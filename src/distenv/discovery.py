@@ -119,7 +119,18 @@ def _mpi_ready() -> Any:
 def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
     """`env` completed from a PMI exchange `ex` (distenv.pmi.Exchange)."""
     why = f"{PMI_WHY} (Hydra, {'PMI_FD' if ex.mode == 'fd' else '-pmi-port'})"
-    if ex.kvsname and env.provenance.get("master_port", "").startswith("torch's default"):
+    why_port = env.provenance.get("master_port", "")
+    if (ex.port is not None and why_port.startswith(("torch's default", "derived from the job id"))
+            and env.master_addr in (None, ex.hosts[0])):
+        # Rank 0 found this port free on its own host, where the store will listen, and
+        # published it with the hosts (distenv.pmi.free_port): a job already listening on
+        # the derived port is avoided, and every rank has the same port.
+        env = _with(env, {"master_port": ex.port},
+                    f"free on rank 0's host ({ex.hosts[0]}) when it looked ({PMI_WHY}); "
+                    "see distenv.pmi.free_port")
+        env = DistEnv(env.to_dict(), env.provenance,
+                      [n for n in env.notes if not n.startswith("MPICH reveals no job id")])
+    elif ex.kvsname and why_port.startswith("torch's default"):
         # MPICH reveals no job id, but its key-value space name is one: the same on every
         # rank of one mpiexec, different across mpiexecs (kvs_<mpiexec pid>_0_<random>_<host>,
         # measured): two MPICH jobs on one machine no longer share 29500.

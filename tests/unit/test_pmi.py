@@ -564,3 +564,31 @@ def test_every_rank_gets_rank_0s_port():
         theirs.close()
     ports = {json.loads(c.communicate(timeout=60)[0]) for c in children}
     assert len(ports) == 1 and 20000 <= ports.pop() < 30000
+
+
+# -- the port rank 0 found free (issue 20, item 5) -------------------------------------------
+
+
+def test_from_exchange_uses_the_port_rank_0_found_free():
+    from distenv import resolve
+    from distenv.discovery import PMI_WHY, _from_exchange
+    env = resolve({"PMI_ID": "2", "PMI_PORT": "node1:3333", "MPI_LOCALRANKID": "0",
+                   "MPI_LOCALNRANKS": "2"})
+    ex = pmi.Exchange(2, 4, ["node2", "node2", "node1", "node1"], "port", 0.01, "t",
+                      "kvs_1_0_2_node1", 23456)
+    got = _from_exchange(env, ex)
+    assert got.master_port == 23456 and got.master_addr == "node2"
+    assert got.provenance["master_port"].startswith("free on rank 0's host (node2)")
+    assert PMI_WHY in got.provenance["master_port"]
+    assert not any("no job id" in n for n in got.notes), got.notes
+    # an explicit MASTER_PORT wins; a MASTER_ADDR that is not rank 0's host keeps the derived port
+    given = resolve({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
+                     "MPI_LOCALNRANKS": "2", "MASTER_PORT": "31000"})
+    ex1 = pmi.Exchange(1, 4, ex.hosts, "fd", 0.01, "t", "kvs_1", 23456)
+    assert _from_exchange(given, ex1).master_port == 31000
+    elsewhere = resolve({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
+                         "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "node9"})
+    assert _from_exchange(elsewhere, ex1).master_port != 23456
+    # no port published (an answer from before an exec): the kvsname-derived port as before
+    ex0 = pmi.Exchange(2, 4, ex.hosts, "port", 0.01, "t", "kvs_1_0_2_node1")
+    assert "key-value space name" in _from_exchange(env, ex0).provenance["master_port"]
