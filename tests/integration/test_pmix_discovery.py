@@ -85,13 +85,16 @@ def records_of(lay: Layout, cmd, *, env=None, extra=(), timeout=TIMEOUT):
 def records_mpi_after(lay: Layout, cmd, mpi: str, **kw):
     """`records_of` for a job that runs MPI_Init after discovery. Under Open MPI 5 that fails in
     about 1.4% of jobs (measured: 6 of 428 four-rank jobs hung or crashed in MPI_Init or the
-    first collective, 0 of 250 without discovery; docs/discovery.md, issue 20, not yet fixed):
+    first collective, 0 of 250 without discovery; also seen once here as a job whose ranks all
+    finished MPI and reported but one never exited; docs/discovery.md, issue 20, not yet fixed):
     such a job is run once more, and the test fails only if that fails too. The first
     failure is printed (pytest -rA shows it), never hidden."""
     if mpi != "openmpi5":
         return records_of(lay, cmd, **kw)
     try:
-        return records_of(lay, cmd, **kw)
+        # A job takes about 10 s; its known failure is mostly a hang (seen: every rank done,
+        # one never exiting), so the first try waits less than TIMEOUT.
+        return records_of(lay, cmd, **{"timeout": 240, **kw})
     except (AssertionError, harness.LaunchError) as first:
         print(f"KNOWN Open MPI 5 MPI_Init-after-discovery failure (issue 20), retrying once: "
               f"{str(first)[:2000]}")
@@ -163,7 +166,8 @@ def test_discover_fills_every_field_then_mpi_init_works(need, name):
 @pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
 def test_torch_all_reduces_with_no_master_addr(need, torch_python, name):
     lay = need(LAYOUTS[name])
-    records, _ = records_of(lay, [torch_python, PROBE, "torch", LIBMPI[lay.launcher]])
+    records, _ = records_mpi_after(lay, [torch_python, PROBE, "torch", LIBMPI[lay.launcher]],
+                                   lay.launcher)
     for r in records:
         detail = json.dumps({k: v for k, v in r.items() if k != "_stderr"})
         assert r["had_master_env"] is False, detail
