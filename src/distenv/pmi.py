@@ -81,6 +81,7 @@ import socket
 import time
 
 from .errors import DistEnvError
+from ._handoff import decode_hosts, encode_hosts, refusal
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -142,13 +143,9 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
     has_fd, has_port = "PMI_FD" in environ, "PMI_PORT" in environ and "PMI_ID" in environ
     if not (has_fd or has_port):
         return None, "Hydra gave no PMI_FD nor PMI_PORT/PMI_ID"
-    held = environ.get(HELD_VAR)
-    if held:
-        pid = held.split(";", 1)[0]
-        if pid != str(os.getpid()):
-            return None, (f"{HELD_VAR}: the service belongs to process {pid}, an ancestor of "
-                          "this one")
-        return None, f"{HELD_VAR}: this process used the service before it exec'ed"
+    refused = refusal(environ, HELD_VAR, os.getpid())
+    if refused is not None:
+        return None, refused
     parent = os.getppid()
     name = _comm(parent)
     if name not in PROXY_NAMES:
@@ -318,14 +315,7 @@ def handoff() -> "str | None":
     if not used():
         return None
     ex = _done[1]  # type: ignore[index]  # used() proved _done is set
-    runs: "list[list[Any]]" = []  # [host, count]
-    for host in ex.hosts:
-        if runs and runs[-1][0] == host:
-            runs[-1][1] += 1
-        else:
-            runs.append([host, 1])
-    return (f"{os.getpid()};{ex.mode};{ex.kvsname or ''};"
-            + ",".join(f"{h}*{n}" for h, n in runs))
+    return f"{os.getpid()};{ex.mode};{ex.kvsname or ''};" + encode_hosts(ex.hosts)
 
 
 def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
@@ -334,14 +324,8 @@ def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
     parts = environ.get(HELD_VAR, "").split(";")
     if len(parts) != 4 or parts[0] != str(os.getpid()) or parts[1] not in ("fd", "port"):
         return None
-    hosts = []
-    try:
-        for run in parts[3].split(","):
-            host, _, count = run.rpartition("*")
-            if not host or int(count) < 1:
-                return None
-            hosts.extend([host] * int(count))
-    except ValueError:
+    hosts = decode_hosts(parts[3])
+    if hosts is None:
         return None
     rank = _int(environ, "PMI_RANK")
     if rank is None:

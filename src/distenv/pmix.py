@@ -67,6 +67,7 @@ import os
 import time
 
 from .errors import DistEnvError
+from ._handoff import decode_hosts, encode_hosts, refusal
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -232,13 +233,9 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
         return None, "no PMIx server (PMIX_NAMESPACE and PMIX_SERVER_URI* are not set)"
     if not rank.isdigit():
         return None, f"PMIX_RANK={environ.get('PMIX_RANK')!r} is not a rank"
-    held = environ.get(HELD_VAR)
-    if held:
-        pid = held.split(";", 1)[0]
-        if pid != str(os.getpid()):
-            return None, (f"{HELD_VAR}: the service belongs to process {pid}, an ancestor of "
-                          "this one")
-        return None, f"{HELD_VAR}: this process used the service before it exec'ed"
+    refused = refusal(environ, HELD_VAR, os.getpid())
+    if refused is not None:
+        return None, refused
     parent = os.getppid()
     name, kind = server_kind(parent)
     if kind is None:
@@ -551,13 +548,7 @@ def handoff() -> "str | None":
     if _kept is not None:
         _kept.finalize()
         _kept = None
-    runs: "list[list[Any]]" = []
-    for host in answer.hosts:
-        if runs and runs[-1][0] == host:
-            runs[-1][1] += 1
-        else:
-            runs.append([host, 1])
-    return f"{os.getpid()};{answer.nspace};" + ",".join(f"{h}*{n}" for h, n in runs)
+    return f"{os.getpid()};{answer.nspace};" + encode_hosts(answer.hosts)
 
 
 def inherited(environ: "Mapping[str, str] | None" = None) -> "Placement | None":
@@ -566,14 +557,8 @@ def inherited(environ: "Mapping[str, str] | None" = None) -> "Placement | None":
     parts = environ.get(HELD_VAR, "").split(";")
     if len(parts) != 3 or parts[0] != str(os.getpid()) or parts[1] != environ.get("PMIX_NAMESPACE"):
         return None
-    hosts: "list[str]" = []
-    try:
-        for run in parts[2].split(","):
-            host, _, count = run.rpartition("*")
-            if not host or int(count) < 1:
-                return None
-            hosts.extend([host] * int(count))
-    except ValueError:
+    hosts = decode_hosts(parts[2])
+    if hosts is None:
         return None
     rank = environ.get("PMIX_RANK", "")
     if not rank.isdigit() or int(rank) >= len(hosts):

@@ -19,6 +19,7 @@ SRC = os.path.join(ROOT, "src", "distenv")
 
 TYPED = (
     "__init__.py",
+    "_handoff.py",
     "__main__.py",
     "_autostart.py",
     "_teardown.py",
