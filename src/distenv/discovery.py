@@ -143,18 +143,8 @@ def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
                       [n for n in env.notes if not n.startswith("MPICH reveals no job id")])
     if env.launch == PER_NODE:
         # One process per node (DISTENV_NPROC_PER_NODE under mpiexec): Hydra's ranks are nodes.
-        if len(set(ex.hosts)) != ex.size:
-            raise DistEnvError(
-                f"a per-node launch, but the key-value exchange found {ex.size} processes on "
-                f"{len(set(ex.hosts))} hosts ({', '.join(sorted(set(ex.hosts))[:8])}). Fix: start "
-                "one process per node (mpiexec -ppn 1), or unset DISTENV_NPROC_PER_NODE.")
-        for field, found in (("node_rank", ex.rank), ("num_nodes", ex.size)):
-            known = getattr(env, field)
-            if known is not None and known != found:
-                raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
-                                   f"the {why}: {found}. " + STALE)
-        return _with(env, {"node_rank": ex.rank, "num_nodes": ex.size, "hosts": tuple(ex.hosts),
-                           "master_addr": env.master_addr or ex.hosts[0]}, why)
+        return _per_node(env, ex.rank, ex.size, list(ex.hosts), why, "the key-value exchange found",
+                         "mpiexec -ppn 1")
     if env.rank is not None and env.rank != ex.rank:
         raise DistEnvError(f"rank={env.rank} ({env.provenance.get('rank')}) but Hydra's "
                            f"key-value service says rank {ex.rank}: the launch is not this job. "
@@ -164,6 +154,24 @@ def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
         env = DistEnv(env.to_dict(), env.provenance,
                       [n for n in env.notes if not n.startswith("Hydra with -pmi-port gives no")])
     return from_hostnames(env, list(ex.hosts), why)
+
+
+def _per_node(env: DistEnv, rank: int, size: int, hosts: "list[str]", why: str, service: str,
+              one_per_node: str) -> DistEnv:
+    """A per-node launch completed from a service's answer: its ranks are the nodes, one
+    process on each host (else an error), rank = node rank."""
+    if len(set(hosts)) != size:
+        raise DistEnvError(
+            f"a per-node launch, but {service} {size} processes on {len(set(hosts))} hosts "
+            f"({', '.join(sorted(set(hosts))[:8])}). Fix: start one process per node "
+            f"({one_per_node}), or unset DISTENV_NPROC_PER_NODE.")
+    for field, found in (("node_rank", rank), ("num_nodes", size)):
+        known = getattr(env, field)
+        if known is not None and known != found:
+            raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
+                               f"the {why}: {found}. " + STALE)
+    return _with(env, {"node_rank": rank, "num_nodes": size, "hosts": tuple(hosts),
+                       "master_addr": env.master_addr or hosts[0]}, why)
 
 
 #: The provenance of every field the PMIx server's placement fills.
@@ -176,19 +184,8 @@ def _from_pmix(env: DistEnv, got: "Placement", server: str = "") -> DistEnv:
     why = f"{PMIX_WHY} (pmix.hname of every rank{', ' + server if server else ''})"
     if env.launch == PER_NODE:
         # One process per node (DISTENV_NPROC_PER_NODE under mpirun/srun): the ranks are nodes.
-        if len(set(got.hosts)) != got.size:
-            raise DistEnvError(
-                f"a per-node launch, but the PMIx server places {got.size} processes on "
-                f"{len(set(got.hosts))} hosts ({', '.join(sorted(set(got.hosts))[:8])}). Fix: "
-                "start one process per node (mpirun --map-by ppr:1:node, srun --ntasks-per-node=1), "
-                "or unset DISTENV_NPROC_PER_NODE.")
-        for field, found in (("node_rank", got.rank), ("num_nodes", got.size)):
-            known = getattr(env, field)
-            if known is not None and known != found:
-                raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
-                                   f"the {why}: {found}. " + STALE)
-        return _with(env, {"node_rank": got.rank, "num_nodes": got.size, "hosts": tuple(got.hosts),
-                           "master_addr": env.master_addr or got.hosts[0]}, why)
+        return _per_node(env, got.rank, got.size, list(got.hosts), why, "the PMIx server places",
+                         "mpirun --map-by ppr:1:node, srun --ntasks-per-node=1")
     if env.rank is not None and env.rank != got.rank:
         raise DistEnvError(f"rank={env.rank} ({env.provenance.get('rank')}) but the PMIx server "
                            f"says rank {got.rank}: the launch is not this job. " + STALE)

@@ -43,3 +43,25 @@ def test_one_node_keeps_loopback():
     env = resolve(mpich(1, 2, 1, 2))
     got = from_hostnames(env, ["a", "a"], "test")
     assert got.master_addr == "127.0.0.1" and got.node_rank == 0
+
+
+# -- a per-node launch completed from a service's answer (one helper for PMI-1 and PMIx) ----------
+def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
+    from distenv import DistEnvError, pmi, pmix, resolve
+    from distenv.discovery import _from_exchange, _from_pmix
+
+    hydra = resolve({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1",
+                     "DISTENV_NPROC_PER_NODE": "2"})
+    got = _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs"))
+    assert (got.launch, got.node_rank, got.num_nodes, got.hosts, got.master_addr) == \
+        ("per-node", 1, 2, ("n1", "n2"), "n1")
+    with pytest.raises(DistEnvError, match=r"key-value exchange found 2 processes on 1 hosts.*mpiexec -ppn 1"):
+        _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n1"], "fd", 0.0, "t", "kvs"))
+    ompi = resolve({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "PMIX_NAMESPACE": "prterun-x-1@1",
+                    "DISTENV_NPROC_PER_NODE": "2"})
+    placed = pmix.Placement(0, 2, ["n2", "n1"], "prterun-x-1@1", "/lib/libpmix.so.2", "4.2", "child", 0.0)
+    got = _from_pmix(ompi, placed)
+    assert (got.node_rank, got.num_nodes, got.master_addr) == (0, 2, "n2")
+    with pytest.raises(DistEnvError, match=r"PMIx server places 2 processes on 1 hosts.*ppr:1:node"):
+        _from_pmix(ompi, pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0))
