@@ -384,18 +384,16 @@ _UNKNOWN = (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCA
 
 
 def _note_unknowns(r: Reading, source: "Source") -> None:
-    """Every unknown field carries a note saying what to do (docs/inferences.md): one note for
-    the fields no source note names already. A per-node launch's workers are not started yet,
-    so their rank and local rank are unknown by nature."""
+    """Every unknown field carries a note saying what to do (docs/inferences.md): one note that
+    lists them all (a source's own note may say more of one; its text is not matched). A
+    per-node launch's workers are not started yet, so their rank and local rank are unknown by
+    nature."""
     v = r.values
     missing = [(f, var) for f, var in _UNKNOWN if v.get(f) is None
                and not (r.launch == PER_NODE and f in ("rank", "local_rank"))]
     if not missing:
         return
-    said = " ".join(r.notes)
-    left = [(f, var) for f, var in missing if f not in said and var not in said]
-    if not left:
-        return
+    left = missing  # listed even where a source's note also speaks of one: no matching of text
     names = ", ".join(f for f, _ in left)
     exported = [var for f, var in left if var.isupper()]
     fix = "call distenv.discover() (it asks the launcher's service or the other ranks)"
