@@ -56,17 +56,6 @@ def rank_label(env: "DistEnv | None") -> str:
     return f"{os.uname().nodename} pid {os.getpid()}"
 
 
-#: Launchers' options that start each output line with the rank themselves.
-_TAG_OPTIONS = {
-    # Open MPI: mpirun --tag-output / -tag-output, or --output tag[,...] (Open MPI 5)
-    "mpirun": ("--tag-output", "-tag-output"),
-    # mpiexec: Open MPI's (as mpirun) or Hydra's (MPICH installs it under that name too)
-    "mpiexec": ("--tag-output", "-tag-output", "-l", "-prepend-rank", "--prepend-rank"),
-    "orterun": ("--tag-output", "-tag-output"), "prterun": ("--tag-output", "-tag-output"),
-    # MPICH and Intel MPI (Hydra): mpiexec -l / -prepend-rank
-    "mpiexec.hydra": ("-l", "-prepend-rank", "--prepend-rank"),
-    "mpiexec.mpich": ("-l", "-prepend-rank", "--prepend-rank"),
-}
 #: Where a launcher's own options end: the command it starts (the usual ones).
 _COMMANDS = ("python", "pypy", "distenv", "bash", "sh", "env", "timeout")
 
@@ -78,10 +67,14 @@ def launcher_labels(environ: "dict[str, str] | None" = None, proc: str = "/proc"
     OMPI_MCA_orte_tag_output), else from the options of a launcher among this process's
     nearest ancestors on this node (Open MPI 5 and Hydra say it nowhere else)."""
     env = os.environ if environ is None else environ
-    if env.get("SLURM_LABELIO", "").strip() not in ("", "0"):
-        return "srun --label"
-    if env.get("OMPI_MCA_orte_tag_output", "").strip().lower() in ("1", "true", "yes", "on"):
-        return "mpirun --tag-output"
+    from .sources import label_sources
+
+    for source in label_sources():  # each launcher's own way of saying so (Source.label_var)
+        if source.label_var is not None:
+            var, yes, option = source.label_var
+            value = env.get(var, "").strip().lower()
+            if (value in yes) if yes else value not in ("", "0"):
+                return option
     pid = os.getpid()
     for _ in range(3):  # the rank's parent is the launcher or its daemon; a shell may sit between
         try:
@@ -100,15 +93,27 @@ def launcher_labels(environ: "dict[str, str] | None" = None, proc: str = "/proc"
     return None
 
 
+def _tag_options(program: str) -> "tuple[str, ...]":
+    """The options of `program` that label lines, from every source that declares some
+    (`Source.label_options`; "mpiexec.*" matches an mpiexec.<suffix> no source names)."""
+    from .sources import label_sources
+
+    out: "list[str]" = []
+    for name in (program, program.split(".", 1)[0] + ".*" if "." in program else None):
+        for source in label_sources():  # a program some source names wins over a pattern
+            out.extend(o for o in source.label_options.get(name or "", ()) if o not in out)
+        if out:
+            break
+    return tuple(out)
+
+
 def _tagging(argv: "list[str]") -> "str | None":
     """`launcher_labels` for one ancestor's command line."""
     if not argv or not argv[0]:
         return None
     program = os.path.basename(argv[0])
-    # mpirun.openmpi, mpiexec.openmpi (Debian's names): as mpirun; mpiexec.<other>: Hydra
-    options = _TAG_OPTIONS.get(program) or _TAG_OPTIONS.get(
-        "mpirun" if program.endswith(".openmpi") else "mpiexec.hydra" if program.startswith("mpiexec.") else "")
-    if options is None:
+    options = _tag_options(program)
+    if not options:
         return None
     for i, arg in enumerate(argv[1:], 1):
         if arg == "--" or os.path.basename(arg).startswith(_COMMANDS):

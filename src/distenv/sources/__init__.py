@@ -62,6 +62,13 @@ class Source:
     #: fixes in messages: "{name}" and "{value}" are filled in ("mpirun -x {name}"); "" when
     #: the launcher has no such way or every rank inherits the script's environment anyway.
     pass_on = ""
+    #: How this launcher says it starts every output line with the rank itself (so distenv's
+    #: CLI adds no ``[rank N]``): (variable, its values that mean yes -- () for any but "" and
+    #: "0" --, the option's name for messages), or None.
+    label_var: "tuple[str, tuple[str, ...], str] | None" = None
+    #: The launcher's programs (by name; a name ending in ".<suffix>" counts as the program
+    #: ``program.<suffix>`` when listed) and their options that prefix each line with the rank.
+    label_options: "dict[str, tuple[str, ...]]" = {}
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
@@ -190,6 +197,12 @@ def adapter_acts(launcher: "str | None", adapter: str) -> bool:
     entry = find(launcher) if launcher else None
     allowed = entry.load().adapters if entry is not None else None
     return allowed is None or adapter in allowed
+
+
+def label_sources() -> "list[Source]":
+    """Every source that declares how its launcher labels output lines (`label_var`,
+    `label_options`); loads every source module, so for the CLI, not for resolve()."""
+    return [s for s in _all_sources() if s.label_var is not None or s.label_options]
 
 
 def covered(framework: str) -> "frozenset[str]":

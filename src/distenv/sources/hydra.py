@@ -43,6 +43,9 @@ class Hydra(Source):
     title = "MPICH (Hydra)"
     family = "mpi"
     pass_on = "mpiexec -genv {name} {value}"
+    # Hydra's mpiexec -l / -prepend-rank, under any of its names (MPICH installs mpiexec too)
+    label_options = {name: ("-l", "-prepend-rank", "--prepend-rank")
+                     for name in ("mpiexec", "mpiexec.hydra", "mpiexec.mpich", "mpiexec.*")}
     prefixes = ('PMI_', 'MPI_LOCAL', 'HYDRA_', 'I_MPI_')
     aliases = ("mpich", "intelmpi", "impi", "hydra")
     can_be_per_node = True

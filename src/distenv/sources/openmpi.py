@@ -111,6 +111,12 @@ class OpenMPI(Source):
     can_be_per_node = True
     family = "mpi"
     pass_on = "mpirun -x {name}"
+    # Open MPI 4 passes --tag-output on as a variable; Open MPI 5 only in mpirun's options
+    # (--tag-output, -tag-output, or --output tag[,...]). Debian names it mpirun.openmpi.
+    label_var = ("OMPI_MCA_orte_tag_output", ("1", "true", "yes", "on"), "mpirun --tag-output")
+    label_options = {name: ("--tag-output", "-tag-output")
+                     for name in ("mpirun", "mpiexec", "orterun", "prterun", "mpirun.openmpi",
+                                  "mpiexec.openmpi")}
     prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps",
                 "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
     covers = ("jax:ompi", "jax:prrte")  # JAX reads these variables too (jax/_src/clusters)

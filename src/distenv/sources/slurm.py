@@ -141,6 +141,7 @@ class Slurm(Source):
     title = "SLURM"
     family = "slurm"
     pass_on = "srun passes the job script's environment"
+    label_var = ("SLURM_LABELIO", (), "srun --label")
     prefixes = ('SLURM_',)
     covers = ("jax:slurm",)  # JAX reads these variables too (jax/_src/clusters)
     aliases = ("slurm", "srun")
