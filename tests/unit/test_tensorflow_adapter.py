@@ -463,3 +463,59 @@ def test_too_late_with_real_tensorflow(tmp_path):
     p = subprocess.run(["timeout", "-k", "5", "170", py, "-c", code], env=env,
                        capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
     assert "TOO-LATE" in p.stdout and "before any other TensorFlow call" in p.stdout, p.stderr[-2000:]
+
+
+def test_rendezvous_ends_while_the_peers_grpc_channels_keep_connecting():
+    """Once worker 1 has passed its rendezvous, TensorFlow's gRPC channels connect to worker
+    0's port (the port worker 0 is still listening on) and reconnect as soon as they are
+    dropped; they send HTTP/2's preface and then wait. Worker 0 must still finish: it once
+    waited 2 s on each such connection for a hello line, and three channels kept it accepting
+    for good (1 job in 11 across two nodes hung)."""
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    port0, port1 = (int(a.rsplit(":", 1)[1]) for a in addrs)
+    done = {}
+    stop = threading.Event()
+
+    def worker(i):
+        try:
+            done[i] = dtf.rendezvous(addrs, i, timeout=30)
+        except Exception as exc:  # pragma: no cover - reported below
+            done[i] = exc
+
+    def grpc_channel():  # connect, send the preface, hold the connection until dropped
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port0), timeout=1) as conn:
+                    conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00")
+                    conn.settimeout(5)
+                    conn.recv(1)
+            except OSError:
+                time.sleep(0.01)
+
+    one = threading.Thread(target=worker, args=(1,))
+    one.start()
+    time.sleep(0.5)  # worker 1 listens and knocks at a closed port 0 until worker 0 starts
+    channels = [threading.Thread(target=grpc_channel, daemon=True) for _ in range(3)]
+    zero = threading.Thread(target=worker, args=(0,), daemon=True)
+    real_say_hello = dtf.preflight._say_hello
+
+    def say_hello(address, hello):
+        reached = real_say_hello(address, hello)
+        if reached and threading.current_thread() is zero and not channels[0].is_alive():
+            # Worker 1 heard worker 0 and is through; its channels arrive before worker 0
+            # looks at its own port again.
+            one.join(10)
+            for c in channels:
+                c.start()
+            time.sleep(0.3)
+        return reached
+
+    try:
+        dtf.preflight._say_hello = say_hello
+        zero.start()
+        zero.join(15)
+        assert not zero.is_alive(), "worker 0 never left its rendezvous"
+    finally:
+        dtf.preflight._say_hello = real_say_hello
+        stop.set()
+    assert isinstance(done.get(0), float) and isinstance(done.get(1), float), done
