@@ -10,6 +10,9 @@ off, ``--prefix`` forces it; JSON and one-line summaries are unprefixed by defau
 carry the rank themselves). ``--ranks 0`` / ``0,2`` / ``0-3`` / ``per-node`` / ``all``
 chooses which ranks print (show: all; doctor: per-node, i.e. local rank 0 of each node), and
 ``--summary`` (``--oneline``) prints one line per rank. A rank's output is written at once.
+
+``distenv show --map`` (every rank runs it; rank 0 prints, once for the job) is one row per
+node: host, global ranks, local size, and the node of rank 0 and the master (`distenv.nodemap`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def _show(args: argparse.Namespace) -> int:
     from .resolver import resolve
 
     env = resolve()
+    if getattr(args, "map", False):
+        return _map(args, env)
     if getattr(args, "discover", False):  # collective: before any rank decides not to print
         from .discovery import complete
 
@@ -62,6 +67,31 @@ def _show(args: argparse.Namespace) -> int:
             lines += [f"note: {note}" for note in env.notes]
             text = "\n".join(lines)
     _write(text, _label(args, env, machine=args.json or args.summary))
+    return 0
+
+
+def _map(args: argparse.Namespace, env: DistEnv) -> int:
+    """`distenv show --map`: every rank completes the placement (collective under PMI-1),
+    rank 0 prints the map once for the job."""
+    from . import nodemap
+
+    if args.explain or args.summary:
+        args.parser.error("--map prints a table, or JSON with --json: not with --explain or --summary")
+    if args.ranks is not None:
+        args.parser.error("--map prints once for the job, on rank 0: --ranks does not apply")
+    env = nodemap.collect(env)
+    if not nodemap.prints(env):
+        return 0
+    if any(isinstance(v, str) and ("@" in v or "=" in v or "_" in v) for v in _strings(env)):
+        env = _redacted(env)
+    found = nodemap.build(env)
+    if args.json:
+        import json
+
+        text = json.dumps(found.to_dict(), sort_keys=False)
+    else:
+        text = found.text()
+    _write(text, _label(args, env, machine=True))
     return 0
 
 
@@ -196,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ask the other ranks for what the launcher does not reveal, through "
                       "the launcher's key-value service (MPICH, Intel MPI: PMI-1); every rank "
                       "must run it")
+    show.add_argument("--map", action="store_true",
+                      help="one row per node (host, global ranks, local size, rank 0, master), "
+                      "printed once by rank 0; asks the launcher's service where the environment "
+                      "does not place the ranks: every rank must run it")
     _many_ranks(show, "all")
     show.set_defaults(parser=show, func=_show)
     exp = sub.add_parser("export", help="print `export VAR=value` lines for the torch variables "

@@ -41,6 +41,7 @@ TYPED = (
     "knobs.py",
     "lightning.py",
     "log.py",
+    "nodemap.py",
     "placement.py",
     "pmi.py",
     "pmix.py",
