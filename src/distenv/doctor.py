@@ -3,10 +3,14 @@
 Reads the environment and a few files (``/sys/class/infiniband``, ``/proc/net/dev``,
 ``/proc/net/route``, ``/etc/hosts``; paths are module attributes so tests can point them
 elsewhere) and reports findings, each with a level (error, warning, info, ok), a topic
-(launch, gpus, cpu, network, probe) and the fix:
+(launch, map, gpus, cpu, network, probe) and the fix:
 
 * launch: the launcher and where each field came from, the resolver's notes, what a
   distributed job would miss (rank 0's address across nodes, a port shared by all jobs);
+* map (rank 0's report): one row per node, as `distenv show --map` prints it
+  (`distenv.nodemap`); where the environment does not place the ranks, every rank first asks
+  the launcher's service (PMIx, Hydra's PMI-1: collective, so every rank runs the doctor); a
+  contradiction is an error;
 * gpus: visible GPUs against the processes on this node;
 * cpu: threads x local processes against the cores this process may use (OMP_NUM_THREADS,
   CPU affinity set by the launcher);
@@ -272,6 +276,32 @@ def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> No
             rep.add("error", "launch", f"the torch variables cannot be exported: {problem}",
                     fix or "set the missing variables in the job script (distenv show --explain "
                     "shows what is known)")
+
+
+def _check_map(rep: Report, out: "dict[str, Any]", env: DistEnv, discover: bool) -> None:
+    """out["map"]: the placement map (`distenv.nodemap`), in rank 0's report only. With
+    `discover` every rank first completes the placement from the launcher's service (PMI-1 is
+    collective: no rank may skip it)."""
+    from . import nodemap
+
+    try:
+        placed = nodemap.collect(env) if discover else env
+        if not nodemap.prints(placed):
+            return
+        found = nodemap.build(placed).to_dict()
+    except DistEnvError as exc:
+        problem, fix = split_fix(redact_text(" ".join(str(exc).split())))
+        rep.add("error", "map", problem, fix or "distenv show --explain shows where each field "
+                "came from")
+        return
+    for node in found["nodes"]:
+        if node["host"] is not None:
+            node["host"] = redact_text(node["host"])
+    for key in ("master_addr", "placement"):
+        if found[key] is not None:
+            found[key] = redact_text(found[key])
+    found["unknown"] = [redact_text(u) for u in found["unknown"]]
+    out["map"] = found
 
 
 def _check_gpus(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> "dict[str, Any]":
@@ -611,9 +641,10 @@ def diagnose(environ: "Mapping[str, str] | None" = None, probe: bool = False, ti
     return _diagnose(environ, probe, timeout, versions)[1]
 
 
-def _diagnose(environ: "Mapping[str, str] | None", probe: bool, timeout: float, with_versions: bool
-              ) -> "tuple[DistEnv | None, dict[str, Any]]":
-    """(the resolved DistEnv or None, the report)."""
+def _diagnose(environ: "Mapping[str, str] | None", probe: bool, timeout: float, with_versions: bool,
+              discover: bool = False) -> "tuple[DistEnv | None, dict[str, Any]]":
+    """(the resolved DistEnv or None, the report). `discover`: the map asks the launcher's
+    service where the environment does not place the ranks (collective: every rank)."""
     from .resolver import resolve
 
     environ = dict(os.environ if environ is None else environ)
@@ -642,6 +673,7 @@ def _diagnose(environ: "Mapping[str, str] | None", probe: bool, timeout: float, 
         out["provenance"] = {k: redact_text(v) for k, v in env.provenance.items()}
         out["notes"] = [redact_text(n) for n in env.notes]
         _check_launch(rep, env, environ)
+        _check_map(rep, out, env, discover)
         out["gpus"] = _check_gpus(rep, env, environ)
     # CPU and network checks stand without a resolved launch (they matter most then).
     out["cpu"] = _check_cpu(rep, env, environ)
@@ -830,6 +862,12 @@ def render(report: "Mapping[str, Any]") -> str:
             lines.append(f"  {name:<{width}}  {shown:<16}  {why}".rstrip())
     else:
         lines.append(f"  cannot be resolved: {shorten(report['error'])}")
+    if report.get("map") is not None:
+        from .nodemap import render as render_map
+
+        lines.append("")
+        lines.append("map (once for the job: distenv show --map)")
+        lines += [f"  {line}" for line in render_map(report["map"]).split("\n")]
     lines.append("")
     lines.append("findings")
     for f in report["findings"]:
@@ -890,7 +928,7 @@ def main(args: argparse.Namespace) -> int:
     from . import display
     from .cli import _label, _write
 
-    env, report = _diagnose(None, args.probe, args.timeout, False)
+    env, report = _diagnose(None, args.probe, args.timeout, False, discover=True)
     code = exit_code(report)
     summary_only = getattr(args, "summary", False)
     if not display.chosen(env, args.ranks):

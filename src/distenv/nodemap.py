@@ -35,7 +35,7 @@ from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
     from .description import DistEnv
@@ -305,29 +305,35 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_HOST else f"{text[:MAX_HOST - 20]}... ({len(text)} chars)"
 
 
-def render(m: NodeMap) -> str:
-    """The map as a table (`NodeMap.text`)."""
+def render(m: "NodeMap | Mapping[str, Any]") -> str:
+    """The map as a table (`NodeMap.text`); also from its JSON form (`NodeMap.to_dict`), as
+    `distenv doctor` keeps it."""
+    d = m.to_dict() if isinstance(m, NodeMap) else m
+
     def n(value: "int | None") -> str:
         return "?" if value is None else str(value)
 
-    if m.launcher == "none" and m.launch != PER_NODE:
+    per_node = d["launch"] == PER_NODE
+    if d["launcher"] == "none" and not per_node:
         head = "job: one process, no launcher"
-    elif m.launch == PER_NODE:
-        head = (f"job: {m.launcher} per-node launch, {n(m.num_nodes)} node(s), "
-                f"{n(m.nproc_per_node)} worker(s) each to start")
+    elif per_node:
+        head = (f"job: {d['launcher']} per-node launch, {n(d['num_nodes'])} node(s), "
+                f"{n(d['nproc_per_node'])} worker(s) each to start")
     else:
-        head = f"job: {m.launcher} {m.launch} launch, {n(m.world_size)} rank(s) on {n(m.num_nodes)} node(s)"
-    rows = [("node", "host", "workers" if m.launch == PER_NODE else "ranks", "local", "holds")]
-    for node in m.nodes:
-        holds = ", ".join(w for w, yes in (("rank 0", node.rank0), ("master", node.master)) if yes)
-        rows.append((n(node.node_rank), "?" if node.host is None else _cut(node.host),
-                     "?" if node.ranks is None else compress(node.ranks), n(node.local), holds))
+        head = (f"job: {d['launcher']} {d['launch']} launch, {n(d['world_size'])} rank(s) on "
+                f"{n(d['num_nodes'])} node(s)")
+    rows = [("node", "host", "workers" if per_node else "ranks", "local", "holds")]
+    for node in d["nodes"]:
+        holds = ", ".join(w for w, yes in (("rank 0", node["rank0"]), ("master", node["master"]))
+                          if yes)
+        rows.append((n(node["node_rank"]), "?" if node["host"] is None else _cut(node["host"]),
+                     "?" if node["ranks"] is None else compress(node["ranks"]),
+                     n(node["local_world_size"]), holds))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = [head] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4]
                       for row in rows]
     lines = [line.rstrip() for line in lines]
-    master = f"{m.master_addr or '?'}:{n(m.master_port)}"
-    lines.append(f"master: {master}")
-    lines.append(f"placement: {m.why}")
-    lines += [f"unknown: {u}" for u in m.unknown]
+    lines.append(f"master: {d['master_addr'] or '?'}:{n(d['master_port'])}")
+    lines.append(f"placement: {d['placement']}")
+    lines += [f"unknown: {u}" for u in d["unknown"]]
     return "\n".join(lines)

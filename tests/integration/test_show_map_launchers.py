@@ -63,9 +63,13 @@ TWO_NODES = {
 }
 
 
-def run(lay: Layout, *args: str):
-    """(every rank's (host, rank) from its launcher, {rank: the lines it printed after})."""
-    result = harness.launch(lay, ["/bin/sh", "-c", SELF, DISTENV, *args], timeout=TIMEOUT)
+def run(lay: Layout, *args: str, status: int = 0):
+    """(every rank's (host, rank) from its launcher, {rank: the lines it printed after});
+    the launcher must exit with `status` and every rank report."""
+    result = harness.launch(lay, ["/bin/sh", "-c", SELF, DISTENV, *args], timeout=TIMEOUT,
+                            check=status == 0)
+    assert (result["rc"], len(result["files"])) == (status, lay.nranks), \
+        harness.describe_failure(lay, result, kept=False)
     selves, printed = [], {}
     for name, (out, err) in result["files"].items():
         lines = out.splitlines()
@@ -156,9 +160,14 @@ def test_two_nodes_json_and_doctor_mpich(need):
     assert (got["world_size"], got["num_nodes"], got["master_addr"], got["unknown"]) == \
         (4, 2, "node2", []), got
     assert all(not p[0] for r, p in printed.items() if r), printed
-    # doctor: every rank checks and completes the placement; rank 0's report holds the map
-    selves, printed = run(lay, "doctor", "--json", "--ranks", "0")
-    lines, err = printed[0]
-    report = json.loads(lines[-1])
-    assert [(n["node_rank"], n["host"], n["ranks"]) for n in report["map"]["nodes"]] == \
-        [(0, "node2", [0, 1]), (1, "node1", [2, 3])], (report["map"], err)
+    # doctor: every rank checks and completes the placement; rank 0's report holds the map.
+    # It exits 1: its launch check still reports that the environment alone names no master
+    # (a framework that does not ask the service needs MASTER_ADDR).
+    selves, printed = run(lay, "doctor", "--json", status=1)
+    reports = {rank: json.loads(lines[-1]) for rank, (lines, _) in printed.items()}
+    got = reports[0]["map"]
+    assert [(n["node_rank"], n["host"], n["ranks"], n["local_world_size"]) for n in got["nodes"]] \
+        == [tuple(w) for w in want], got
+    assert (got["master_addr"], got["placement"].startswith("PMI-1")) == ("node2", True), got
+    assert all("map" not in reports[r] for r in (1, 2, 3)), reports
+    assert not any(f["topic"] == "map" for r in reports.values() for f in r["findings"]), reports
