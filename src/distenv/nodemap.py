@@ -223,7 +223,7 @@ def _per_node(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
     if hosts is None and (count is None or count > 1):
         unknown.append("the other nodes' hosts (a per-node launch names only its own). Fix: run "
                        "it as every node's process under a launcher distenv can ask (mpirun, "
-                       "mpiexec -ppn 1, srun --mpi=pmix), or set DISTENV_HOSTFILE.")
+                       "mpiexec -ppn 1, srun --mpi=pmix).")
     if per is None:
         unknown.append(f"nproc_per_node ({env.provenance.get('nproc_per_node', 'not revealed')}). "
                        "Fix: set DISTENV_NPROC_PER_NODE (the workers each node starts).")
@@ -333,7 +333,10 @@ def render(m: "NodeMap | Mapping[str, Any]") -> str:
     lines = [head] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4]
                       for row in rows]
     lines = [line.rstrip() for line in lines]
-    lines.append(f"master: {d['master_addr'] or '?'}:{n(d['master_port'])}")
+    master = f"master: {d['master_addr'] or '?'}:{n(d['master_port'])}"
+    if d["master_addr"] is not None and not any(node["master"] for node in d["nodes"]):
+        master += " (not a host named above: its node is not looked up)"
+    lines.append(master)
     lines.append(f"placement: {d['placement']}")
     lines += [f"unknown: {u}" for u in d["unknown"]]
     return "\n".join(lines)
