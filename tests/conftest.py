@@ -77,13 +77,22 @@ _E2E_REQUIRE = os.environ.get("DISTENV_REQUIRE_LAUNCHERS", "").strip() not in ("
 
 # DISTENV_REQUIRE_LAUNCHERS=1 (set by .ci/run): in these directories a skip -- a missing
 # launcher, framework venv, root, SLURM or the namespace cluster -- is a failure, reported as
-# FAILED also when a fixture raised it. tests/unit keeps ordinary skips.
+# FAILED also when a fixture raised it. Elsewhere (tests/unit) the same holds for a test
+# marked `launcher` (it runs a real launcher) or `required` (what it needs is on CI's machine:
+# .venv's torch, the installed distenv_auto.pth, ...); other unit tests keep ordinary skips.
+# Without the variable (a developer's machine lacking launchers) every skip stays a skip.
 REQUIRED_DIRS = tuple(os.path.join(ROOT, "tests", d) + os.sep
                       for d in ("integration", "e2e", "templates", "reliability"))
+REQUIRED_MARKS = ("launcher", "required")
 
 
 def _required(path) -> bool:
     return os.path.abspath(str(path)).startswith(REQUIRED_DIRS)
+
+
+def _required_item(item) -> bool:
+    return _required(getattr(item, "path", None) or item.fspath) or \
+        any(item.get_closest_marker(m) is not None for m in REQUIRED_MARKS)
 
 
 def _in_e2e(item) -> bool:
@@ -94,8 +103,7 @@ def _in_e2e(item) -> bool:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or \
-            not _required(getattr(item, "path", None) or item.fspath):
+    if not _E2E_REQUIRE or not rep.skipped or hasattr(rep, "wasxfail") or not _required_item(item):
         return
     reason = rep.longrepr
     if isinstance(reason, tuple) and len(reason) == 3:
@@ -107,7 +115,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_report_teststatus(report, config):
-    if report.when == "setup" and report.failed and _required(report.fspath) and \
+    if report.when == "setup" and report.failed and \
             ("distenv_required_skip", "setup") in report.user_properties:
         return "failed", "F", "FAILED"
     return None
@@ -122,3 +130,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "jobs(*names): launcher jobs this e2e test reads (tests/e2e/launch_pool.py)")
+    config.addinivalue_line(
+        "markers", "required: DISTENV_REQUIRE_LAUNCHERS=1 makes a skip of this test a failure "
+        "(tests/conftest.py; what tests/integration, e2e, templates and reliability get by folder)")

@@ -55,6 +55,10 @@ def _has_pth() -> bool:
     return any(os.path.exists(os.path.join(d, "distenv_auto.pth")) for d in dirs)
 
 
+# CI's .venv has distenv installed (`pip install -e .`), so distenv_auto.pth is there: under
+# DISTENV_REQUIRE_LAUNCHERS=1 a skip for its absence is a failure (tests/conftest.py).
+pytestmark = pytest.mark.required
+
 needs_pth = pytest.mark.skipif(not _has_pth(), reason="distenv_auto.pth is not installed for this "
                                "interpreter: `pip install -e .` (or the wheel) installs it")
 

@@ -37,10 +37,15 @@ OMPI_PPR1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
              "OMPI_MCA_ess_base_jobid": "2197356547"}
 
 
+# Everything these tests need is on CI's machine (.venv's torch, .venvs/lightning, Open MPI,
+# MPICH, SLURM, the namespace nodes): under DISTENV_REQUIRE_LAUNCHERS=1 any skip here -- a
+# require() below, a skip raised by the shared slurm1/cluster fixtures, a skip mark -- is a
+# failure (tests/conftest.py). A developer's machine without them still skips.
+pytestmark = pytest.mark.required
+
+
 def require(reason):
-    """Skip, or fail under CI (DISTENV_REQUIRE_LAUNCHERS=1), like the launcher tests."""
-    if os.environ.get("DISTENV_REQUIRE_LAUNCHERS") == "1":
-        pytest.fail(f"required but unavailable: {reason}")
+    """Skip (a failure under DISTENV_REQUIRE_LAUNCHERS=1, by the mark above)."""
     pytest.skip(reason)
 
 
