@@ -51,3 +51,11 @@ def test_the_extras_table_lists_every_extra():
     table = table[: table.index("\n\n")]
     listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`([\w-]+)`", row.split("|")[1])}
     assert _extras() - listed == set(), f"README's extras table lacks {sorted(_extras() - listed)}"
+
+
+def test_the_readme_shows_pip_install_before_the_test_setup():
+    """A user reads how to install with pip first; integrations/setup.sh is the test suite's."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    assert "pip install ." in text and "bash integrations/setup.sh" in text
+    assert text.index("pip install .") < text.index("bash integrations/setup.sh")
