@@ -12,7 +12,9 @@ numbered by their lowest rank; every other rank prints nothing; the job exits 0.
   test_pmix_discovery.py and test_pmi_discovery.py): Open MPI 4 (MPMD ``-np 2 -H node2:2 :
   -np 2 -H node1:2``; ORTE otherwise puts rank 0 on mpirun's node), Open MPI 5
   (``-H node2:2,node1:2``) and MPICH 4 (``-hosts node2:2,node1:2``): the environment alone
-  does not place the ranks, so the map comes from PMIx and PMI-1.
+  does not place the ranks, so the map comes from PMIx and PMI-1 (and, under MPICH, `--json`
+  and `distenv doctor`'s map);
+- the two-node SLURM, ``srun -N2 -n4 -m cyclic``: its variables place every rank (no service).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ pytestmark = [pytest.mark.launcher, pytest.mark.timeout(600)]
 DISTENV = str(Path(sys.executable).parent / "distenv")
 TIMEOUT = 120
 #: Each rank's self-report from its launcher's variables, then the command (exec: same pid).
-SELF = ('echo "SELF host=$(hostname) rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-?}}"; '
+SELF = ('echo "SELF host=$(hostname) rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-?}}}"; '
         'exec "$0" "$@"')
 
 
@@ -102,8 +104,14 @@ def table_rows(lines):
 
 
 def ranks_text(ranks):
-    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) and \
-        len(ranks) > 1 else ",".join(map(str, ranks))
+    """Runs of consecutive ranks as a-b, joined by commas (0,2-3)."""
+    runs = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def check_map(selves, printed, multi_node: bool):
@@ -146,6 +154,18 @@ def test_two_nodes_rank0_on_node2(need, name):
     service = "PMI-1 key-value exchange" if name.startswith("mpich") else "PMIx placement"
     assert next(l for l in lines if l.startswith("placement: ")).startswith(
         f"placement: {service}"), lines
+
+
+def test_srun_cyclic_is_placed_from_its_variables(need):
+    """srun -N2 -n4 -m cyclic: SLURM's variables place every rank (here node1 holds 0,2-3 and
+    node2 1), so no service is asked, and a row's ranks are not one run."""
+    lay = need(harness.layout("slurm", "N2-n4-cyclic"))
+    selves, printed = run(lay, "show", "--map")
+    lines = check_map(selves, printed, multi_node=True)
+    assert [r[2] for r in table_rows(lines)] == [ranks_text(w[2]) for w in expected_rows(selves)]
+    assert len(table_rows(lines)) == 2 and "," in table_rows(lines)[0][2] + table_rows(lines)[1][2], lines
+    assert next(l for l in lines if l.startswith("placement: ")).startswith(
+        "placement: SLURM node list and tasks per node, placed by distribution cyclic"), lines
 
 
 def test_two_nodes_json_and_doctor_mpich(need):
