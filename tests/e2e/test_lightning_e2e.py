@@ -174,13 +174,19 @@ def test_adapter_unit_tests_in_the_venv():
     if py is None:
         pytest.skip(why)  # a failure under DISTENV_REQUIRE_LAUNCHERS=1 (tests/conftest.py)
     repo = str(harness.REPO)
-    p = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    p = subprocess.run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                         "tests/unit/test_lightning_adapter.py", "tests/unit/test_lightning_patch.py"],
                        capture_output=True, text=True, timeout=900, cwd=repo,
                        env={"PATH": "/usr/bin:/bin", "HOME": "/root", "OMP_NUM_THREADS": "1",
-                            "DISTENV_REQUIRE_FRAMEWORK": "lightning"})
+                            "DISTENV_REQUIRE_FRAMEWORK": "lightning",
+                            "DISTENV_LIGHTNING_PACKAGES": ",".join(PACKAGES)})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert " passed" in p.stdout and " failed" not in p.stdout, p.stdout[-2000:]
+    # No skip of a test this venv can run: the only skips allowed are of a package left out
+    # by DISTENV_LIGHTNING_PACKAGES (tox's one-package envs); with both, none.
+    skips = [line for line in p.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("is not selected (DISTENV_LIGHTNING_PACKAGES=" in line for line in skips), skips
+    assert not skips or set(PACKAGES) != set(ALL), skips
 
 
 # -- Lightning's on-prem launch, as its guide says ----------------------------------------------

@@ -1,8 +1,12 @@
 """distenv.lightning on recorded and documented launcher environments: what the plugin tells
 Lightning, the Trainer arguments it asks for, and the errors for contradicting ones.
 Lightning is not needed (the plugin's answers are plain Python); where it is installed the
-last tests check that each package's base class accepts the plugin."""
+last tests check that each package's base class accepts the plugin: with
+DISTENV_REQUIRE_FRAMEWORK=lightning (the Lightning venv's re-run in tests/e2e/test_lightning_e2e.py,
+tox) a selected package that does not import is a failure, not a skip;
+DISTENV_LIGHTNING_PACKAGES (default both) selects the packages, as in the e2e tests."""
 
+import importlib
 import json
 import os
 
@@ -14,6 +18,10 @@ from envs import PLATFORM_CASES, ompi4, platform_case, ranks, slurm_at
 
 
 PER_NODE = {"DISTENV_NPROC_PER_NODE": "2"}
+REQUIRE = os.environ.get("DISTENV_REQUIRE_FRAMEWORK", "") == "lightning"
+ALL = ("lightning", "pytorch_lightning")
+SELECTED = os.environ.get("DISTENV_LIGHTNING_PACKAGES", ",".join(ALL))
+PACKAGES = tuple(p for p in SELECTED.replace(" ", "").split(",") if p in ALL) or ALL
 
 
 # -- trainer_kwargs ------------------------------------------------------------------------
@@ -181,10 +189,17 @@ def test_slurm_batch_script_is_one_process(no_gpus):
 
 
 # -- with Lightning installed ----------------------------------------------------------------
-@pytest.mark.parametrize("module", ["lightning.fabric.plugins.environments",
-                                    "lightning_fabric.plugins.environments"])
-def test_each_package_base_class_accepts_the_plugin(no_gpus, module):
-    base = pytest.importorskip(module).ClusterEnvironment
+@pytest.mark.parametrize("package, module", [("lightning", "lightning.fabric.plugins.environments"),
+                                             ("pytorch_lightning", "lightning_fabric.plugins.environments")])
+def test_each_package_base_class_accepts_the_plugin(no_gpus, package, module):
+    if package not in PACKAGES:
+        pytest.skip(f"{package} is not selected (DISTENV_LIGHTNING_PACKAGES={SELECTED})")
+    try:
+        base = importlib.import_module(module).ClusterEnvironment
+    except ImportError as exc:
+        if REQUIRE:
+            pytest.fail(f"{module} does not import (DISTENV_REQUIRE_FRAMEWORK=lightning): {exc}")
+        pytest.skip(f"{package} is not installed: {exc}")
     env = DistenvEnvironment(environ=ranks("openmpi4-np2")[0])
     assert isinstance(env, base)
     missing = [name for name in base.__abstractmethods__ if not hasattr(env, name)]
@@ -192,13 +207,19 @@ def test_each_package_base_class_accepts_the_plugin(no_gpus, module):
 
 
 # -- documented platforms: the cases where users hand-compute NODE_RANK and get it wrong ----------
-@pytest.mark.parametrize("name", PLATFORM_CASES)
+def _training_launch(name) -> bool:
+    want = platform_case(name)["expected"]
+    return "error" not in want and want.get("world_size") is not None and want.get("launch") is not None
+
+
+# Only complete training launches (not an error, not a parameter server): the others have
+# nothing to tell Lightning, and leaving them out keeps the run free of skips (the Lightning
+# venv's re-run accepts none).
+@pytest.mark.parametrize("name", [n for n in PLATFORM_CASES if _training_launch(n)])
 def test_documented_platforms(fake_gpus, name):
     case = platform_case(name)
     fake_gpus(case.get("gpus", 0))
     want = case["expected"]
-    if "error" in want or want.get("world_size") is None or want.get("launch") is None:
-        pytest.skip("not a complete training launch (an error or a parameter server)")
     environ = dict(case["env"])
     env = DistenvEnvironment(environ=environ)
     if want["launch"] == "per-node":
