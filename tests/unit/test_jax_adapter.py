@@ -202,10 +202,30 @@ def test_timeouts():
 
 
 # -- the pre-flight meeting (real sockets) -----------------------------------------------------------
+_HELD = []
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port held for the rest of the session: bound with SO_REUSEADDR and never listening,
+    so no other process can bind it between here and preflight (which binds it with
+    SO_REUSEADDR too, and may listen beside this socket); released at exit."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
+
+
+def _connect_when_listening(port, within=20.0):
+    """A connection to 127.0.0.1:port once something listens there (refused until then)."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=2)
+        except ConnectionRefusedError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.01)
 
 
 def _meet(n, present, timeout, address=None):
@@ -258,9 +278,8 @@ def test_preflight_ignores_strangers_and_other_jobs():
     result = {}
     t = threading.Thread(target=lambda: result.setdefault(0, _catch(dj.preflight, address, 2, 0, 5)))
     t.start()
-    time.sleep(0.3)
     for junk in (b"GET / HTTP/1.0\n", b"distenv-jax 123 1 other-job\n"):  # not this job's key
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as c:
+        with _connect_when_listening(port) as c:  # process 0 is listening (not a guess)
             c.sendall(junk)
     assert dj.preflight(address, 2, 1, 5) >= 0
     t.join(10)
