@@ -302,6 +302,12 @@ def _check_map(rep: Report, out: "dict[str, Any]", env: DistEnv, discover: bool)
             found[key] = redact_text(found[key])
     found["unknown"] = [redact_text(u) for u in found["unknown"]]
     out["map"] = found
+    if env.master_addr is None and placed.master_addr is not None:
+        rep.add("info", "map", f"the launcher's service names rank 0's host, {placed.master_addr} "
+                f"({placed.provenance.get('master_addr')}): distenv's adapters, `distenv run` and "
+                "DISTENV_AUTO=1 ask it and find the master there.",
+                f"a framework set up without distenv needs MASTER_ADDR={placed.master_addr} "
+                "(the launch finding above)")
 
 
 def _check_gpus(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> "dict[str, Any]":

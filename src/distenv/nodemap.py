@@ -215,7 +215,7 @@ def _per_node(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
                        "Fix: set NNODES (or the launcher's node count) on every node.")
     nodes = []
     for k in indices:
-        name = hosts[k] if hosts is not None and k is not None and k < len(hosts) else (
+        name = hosts[k] if hosts is not None and k is not None and 0 <= k < len(hosts) else (
             host if k == env.node_rank else None)
         ranks = tuple(range(k * per, (k + 1) * per)) if per is not None and k is not None else None
         nodes.append(Node(k, name, ranks, per))
@@ -240,13 +240,15 @@ def _partial(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
     if env.world_size is None:
         unknown.append(f"world_size ({env.provenance.get('world_size', 'not revealed')}). "
                        "Fix: set WORLD_SIZE on every rank.")
-    nodes = [Node(mine, env.hosts[mine] if env.hosts is not None and mine is not None else host,
-                  None, env.local_world_size)]
+    def named(k: "int | None") -> "str | None":
+        hosts = env.hosts
+        return hosts[k] if hosts is not None and k is not None and 0 <= k < len(hosts) else None
+
+    nodes = [Node(mine, named(mine) or host, None, env.local_world_size)]
     nodes[0].rank0 = env.rank == 0
     if count is not None and mine is not None:
         per = env.nproc_per_node
-        nodes = [nodes[0] if k == mine else Node(
-            k, env.hosts[k] if env.hosts is not None else None, None, per) for k in range(count)]
+        nodes = [nodes[0] if k == mine else Node(k, named(k), None, per) for k in range(count)]
     elif count is None:
         unknown.append(f"num_nodes ({env.provenance.get('num_nodes', 'not revealed')}). "
                        "Fix: the same as for the host of every rank.")

@@ -190,4 +190,7 @@ def test_two_nodes_json_and_doctor_mpich(need):
         == [tuple(w) for w in want], got
     assert (got["master_addr"], got["placement"].startswith("PMI-1")) == ("node2", True), got
     assert all("map" not in reports[r] for r in (1, 2, 3)), reports
-    assert not any(f["topic"] == "map" for r in reports.values() for f in r["findings"]), reports
+    found = [f for f in reports[0]["findings"] if f["topic"] == "map"]
+    assert [(f["level"], "node2" in f["message"]) for f in found] == [("info", True)], found
+    assert any(f["topic"] == "launch" and "rank 0's address is unknown" in f["message"]
+               for f in reports[0]["findings"]), reports[0]["findings"]
