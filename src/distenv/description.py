@@ -34,6 +34,56 @@ PER_PROCESS = "per-process"
 PER_NODE = "per-node"
 
 
+class Why(str):
+    """A provenance entry: the text people read, and a `kind` code branches on.
+
+    Code never tests a why's wording (rewording a message must not change behaviour); it tests
+    `kind_of(why)`. A plain str has no kind (None). Kinds set today:
+    DEFAULT - a fixed fallback (torch's 29500: nothing to derive a port from);
+    DERIVED - computed by distenv's own rule from an identity (a port from the job id)."""
+
+    __slots__ = ("kind",)
+    kind: "str | None"
+
+    def __new__(cls, text: str, kind: "str | None" = None) -> "Why":
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+    def __reduce__(self) -> "tuple[Any, ...]":
+        return (Why, (str(self), self.kind))
+
+
+class Note(str):
+    """A note, and the field it is about (`about`): a note about a field a service later fills
+    (a world size, a port) is dropped by looking at `about`, never at its text."""
+
+    __slots__ = ("about",)
+    about: "str | None"
+
+    def __new__(cls, text: str, about: "str | None" = None) -> "Note":
+        self = super().__new__(cls, text)
+        self.about = about
+        return self
+
+    def __reduce__(self) -> "tuple[Any, ...]":
+        return (Note, (str(self), self.about))
+
+
+DEFAULT = "default"
+DERIVED = "derived"
+
+
+def kind_of(why: "str | None") -> "str | None":
+    """The kind of a provenance entry (None for plain text or no entry)."""
+    return getattr(why, "kind", None)
+
+
+def about(note: str) -> "str | None":
+    """The field a note is about (None for plain text)."""
+    return getattr(note, "about", None)
+
+
 class Later:
     """A field's value computed on first access (`distenv.placement` records the host of
     every rank this way: thousands of entries nobody may ask for). ``fn(*args)`` returns

@@ -25,7 +25,7 @@ fill them, only when called, after every rank started:
 
 from __future__ import annotations
 
-from .description import FIELDS, PER_NODE, DistEnv
+from .description import DEFAULT, DERIVED, FIELDS, PER_NODE, DistEnv, about, kind_of
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -119,8 +119,8 @@ def _mpi_ready() -> Any:
 def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
     """`env` completed from a PMI exchange `ex` (distenv.pmi.Exchange)."""
     why = f"{PMI_WHY} (Hydra, {'PMI_FD' if ex.mode == 'fd' else '-pmi-port'})"
-    why_port = env.provenance.get("master_port", "")
-    if (ex.port is not None and why_port.startswith(("torch's default", "derived from the job id"))
+    port_kind = kind_of(env.provenance.get("master_port"))
+    if (ex.port is not None and port_kind in (DEFAULT, DERIVED)
             and env.master_addr in (None, ex.hosts[0])):
         # Rank 0 found this port free on its own host, where the store will listen, and
         # published it with the hosts (distenv.pmi.free_port): a job already listening on
@@ -128,9 +128,8 @@ def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
         env = _with(env, {"master_port": ex.port},
                     f"free on rank 0's host ({ex.hosts[0]}) when it looked ({PMI_WHY}); "
                     "see distenv.pmi.free_port")
-        env = DistEnv(env.to_dict(), env.provenance,
-                      [n for n in env.notes if not n.startswith("MPICH reveals no job id")])
-    elif ex.kvsname and why_port.startswith("torch's default"):
+        env = _known(env, "master_port")
+    elif ex.kvsname and port_kind == DEFAULT:
         # MPICH reveals no job id, but its key-value space name is one: the same on every
         # rank of one mpiexec, different across mpiexecs (kvs_<mpiexec pid>_0_<random>_<host>,
         # measured): two MPICH jobs on one machine no longer share 29500.
@@ -139,8 +138,7 @@ def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
         env = _with(env, {"master_port": port_for(f"hydra:{ex.kvsname}")},
                     f"derived from the job's key-value space name ({ex.kvsname}; {PMI_WHY}); "
                     "see distenv.ports")
-        env = DistEnv(env.to_dict(), env.provenance,
-                      [n for n in env.notes if not n.startswith("MPICH reveals no job id")])
+        env = _known(env, "master_port")
     if env.launch == PER_NODE:
         # One process per node (DISTENV_NPROC_PER_NODE under mpiexec): Hydra's ranks are nodes.
         return _per_node(env, ex.rank, ex.size, list(ex.hosts), why, "the key-value exchange found",
@@ -151,9 +149,13 @@ def _from_exchange(env: DistEnv, ex: Exchange) -> DistEnv:
                            + STALE)
     if env.world_size is None:  # -pmi-port: the handshake gives the size PMI_SIZE would have
         env = _with(env, {"world_size": ex.size}, why)
-        env = DistEnv(env.to_dict(), env.provenance,
-                      [n for n in env.notes if not n.startswith("Hydra with -pmi-port gives no")])
+        env = _known(env, "world_size")
     return from_hostnames(env, list(ex.hosts), why)
+
+
+def _known(env: DistEnv, field: str) -> DistEnv:
+    """`env` without the notes about `field`, which a service has just filled."""
+    return DistEnv(env.to_dict(), env.provenance, [n for n in env.notes if about(n) != field])
 
 
 def _per_node(env: DistEnv, rank: int, size: int, hosts: "list[str]", why: str, service: str,

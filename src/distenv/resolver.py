@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from . import ports
-from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv, _build
+from .description import DEFAULT, DERIVED, FIELDS, PER_NODE, PER_PROCESS, DistEnv, Why, _build
 from .errors import DistEnvError
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
@@ -355,8 +355,8 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
         if mine is not None and mine != given:
             r.notes.append(f"MASTER_ADDR={given} is used instead of {mine} ({r.why['master_addr']})")
         r.set("master_addr", given, "MASTER_ADDR (given by the user)")
-    explicit = r.addr_explicit or "MASTER_ADDR" in owns or "master_addr" in overrides or \
-        r.why.get("master_addr", "").startswith("MASTER_ADDR")
+        r.addr_explicit = True
+    explicit = r.addr_explicit or "MASTER_ADDR" in owns or "master_addr" in overrides
     if v.get("num_nodes") == 1 and not explicit:
         # Loopback always works on one node; a host name derived from the launcher may not
         # resolve, and an interface address may be firewalled.
@@ -368,12 +368,13 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
     if v.get("master_port") is None:
         if r.port_key:
             r.set("master_port", ports.port_for(r.port_key),
-                  f"derived from the job id ({r.port_key}); see distenv.ports")
+                  Why(f"derived from the job id ({r.port_key}); see distenv.ports", DERIVED))
         elif v.get("world_size") == 1 and r.launch == PER_PROCESS:
             r.set("master_port", ports.port_for(f"pid:{os.getpid()}"),
                   "derived from the process id (a single process); see distenv.ports")
         else:
-            r.set("master_port", ports.TORCH_DEFAULT, "torch's default (no job id to derive one from)")
+            r.set("master_port", ports.TORCH_DEFAULT,
+                  Why("torch's default (no job id to derive one from)", DEFAULT))
 
 
 #: field -> the variable that would give it, for the note on an unknown field.

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-from .description import PER_NODE
+from .description import DEFAULT, PER_NODE, kind_of
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -298,7 +298,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
                 f"a per-node launch needs {field}, which {env.launcher} does not reveal here "
                 f"({env.provenance.get(field, 'unknown')}). Fix: run `distenv show --explain`, "
                 "and set the missing value (e.g. NODE_RANK / MASTER_ADDR) in the job script.")
-    if env.num_nodes == 1 and env.provenance.get("master_port", "").startswith("torch's default") \
+    if env.num_nodes == 1 and kind_of(env.provenance.get("master_port")) == DEFAULT \
             and "MASTER_PORT" not in child:
         # One node and no job id: 29500 would collide with any other such run here.
         env = env.replace(master_port=_free_port())

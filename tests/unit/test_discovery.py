@@ -65,3 +65,41 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
     assert (got.node_rank, got.num_nodes, got.master_addr) == (0, 2, "n2")
     with pytest.raises(DistEnvError, match=r"PMIx server places 2 processes on 1 hosts.*ppr:1:node"):
         _from_pmix(ompi, pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0))
+
+
+# -- what a service fills replaces only distenv's own choices, by kind, not by wording ------------
+def test_the_exchange_port_replaces_only_a_port_distenv_chose():
+    """Rank 0's free port (published in the exchange) replaces torch's default and a port
+    derived from a job id; a MASTER_PORT the user gave stays. The rule reads the provenance's
+    kind (distenv.description.Why), so rewording the text changes nothing; the notes about the
+    port and the world size go once the service filled them (Note.about)."""
+    import pickle
+
+    from distenv import pmi
+    from distenv.description import DEFAULT, DERIVED, Why, kind_of
+    from distenv.discovery import _from_exchange
+
+    pmi_port = {"PMI_RANK": "1", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}  # no PMI_SIZE
+    env = resolve(pmi_port)
+    assert kind_of(env.provenance["master_port"]) == DEFAULT and env.master_port == 29500
+    assert any("no job id" in n for n in env.notes) and any("no world size" in n for n in env.notes)
+    ex = pmi.Exchange(1, 2, ["n1", "n2"], "port", 0.0, "t", "kvs_1_0_x_n1", port=41234)
+    got = _from_exchange(env, ex)
+    assert (got.master_port, got.world_size, got.master_addr) == (41234, 2, "n1")
+    assert not any("no job id" in n or "no world size" in n for n in got.notes), got.notes
+    # Without a published port: one derived from the key-value space name, not 29500.
+    derived = _from_exchange(env, pmi.Exchange(1, 2, ["n1", "n2"], "port", 0.0, "t", "kvs_1_0_x_n1"))
+    assert derived.master_port not in (29500, None) and "kvs_1_0_x_n1" in derived.provenance["master_port"]
+    # A port derived from a job id (Intel MPI's UUID) is distenv's choice too: replaced.
+    intel = resolve({**pmi_port, "PMI_SIZE": "2", "I_MPI_HYDRA_UUID": "u-1"})
+    assert kind_of(intel.provenance["master_port"]) == DERIVED
+    assert _from_exchange(intel, ex).master_port == 41234
+    # The user's MASTER_PORT stays; so does any port whose provenance has no kind, whatever it says.
+    given = resolve({**pmi_port, "MASTER_PORT": "23456"})
+    assert _from_exchange(given, ex).master_port == 23456
+    reworded = type(env)(env.to_dict(), {**env.provenance, "master_port": "torch's default"}, env.notes)
+    assert _from_exchange(reworded, ex).master_port == 29500
+    # Kinds survive copies, pickling and JSON (as plain text there).
+    back = pickle.loads(pickle.dumps(env))
+    assert kind_of(back.provenance["master_port"]) == DEFAULT and back == env
+    assert isinstance(Why("x", DEFAULT), str) and __import__("json").dumps(Why("x", DEFAULT)) == '"x"'

@@ -29,7 +29,7 @@ master_port     derived from I_MPI_HYDRA_UUID (Intel MPI, the same on every rank
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..description import PER_PROCESS, Note
 from . import Source
 from ._common import first_int
 
@@ -63,8 +63,9 @@ class Hydra(Source):
         r.set("rank", value, f"{var}={value}")
         r.int_from(env, "world_size", "PMI_SIZE", who, minimum=1)
         if "PMI_SIZE" not in env:
-            r.notes.append("Hydra with -pmi-port gives no world size (no PMI_SIZE). Fix: run "
-                           "mpiexec without -pmi-port, or set WORLD_SIZE for every rank")
+            r.notes.append(Note("Hydra with -pmi-port gives no world size (no PMI_SIZE). Fix: "
+                                "run mpiexec without -pmi-port, or set WORLD_SIZE for every "
+                                "rank", about="world_size"))
         r.int_from(env, "local_rank", "MPI_LOCALRANKID", who)
         r.int_from(env, "local_world_size", "MPI_LOCALNRANKS", who, minimum=1)
         r.int_from(env, "node_rank", "HYDRA_BSTRAP_NODE_ID", who)
@@ -79,9 +80,9 @@ class Hydra(Source):
                     r.set("job_id", env[var], var)
                 break
         else:
-            r.notes.append("MPICH reveals no job id: concurrent jobs on one machine share the "
-                           "default port. Fix: give each concurrent job its own MASTER_PORT "
-                           "(mpiexec -genv MASTER_PORT <port>)")
+            r.notes.append(Note("MPICH reveals no job id: concurrent jobs on one machine share "
+                                "the default port. Fix: give each concurrent job its own "
+                                "MASTER_PORT (mpiexec -genv MASTER_PORT <port>)", about="master_port"))
 
 
 SOURCE = Hydra()
