@@ -99,7 +99,7 @@ def needs(env: "DistEnv") -> "tuple[str, ...]":
     that every rank takes part in a collective exchange or none does."""
     if env.launch == PER_NODE:
         return () if env.num_nodes == 1 or env.hosts is not None else ("hosts",)
-    if _one_node(env) or env.world_size == 1:
+    if _one_node(env) or env.world_size == 1 or env.rank_hosts is not None:
         return ()
     return ("rank_hosts",)
 
