@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 
-from .description import PER_NODE
+from .description import DEFAULT, PER_NODE, kind_of
 from .errors import DistEnvError, split_fix
 from .redact import redact_environ, redact_text
 
@@ -263,8 +263,7 @@ def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> No
         rep.add("error", "launch", f"master_addr={env.master_addr} is a loopback address but the "
                 f"job spans {env.num_nodes} nodes ({env.provenance.get('master_addr')}).",
                 "set MASTER_ADDR to rank 0's host name or address, reachable from every node.")
-    why_port = env.provenance.get("master_port", "")
-    if why_port.startswith("torch's default"):
+    if kind_of(env.provenance.get("master_port")) == DEFAULT:
         rep.add("warning", "launch", f"master_port={env.master_port} is torch's default: no job id "
                 "to derive a port from, so two such jobs on one machine collide.",
                 "export MASTER_PORT=<a free port> per job (the same on every rank).")
