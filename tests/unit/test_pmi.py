@@ -273,14 +273,17 @@ def test_watcher_finalizes_after_the_process_ends_however_it_ends():
     code = ("import os, sys, time, distenv.pmi as p; "
             "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=1, size=2); "
             "ex = p.exchange({}, timeout=5, found=o); print(ex.hosts, flush=True); "
-            "time.sleep(0.5); os._exit(0)")
+            "sys.stdin.readline(); os._exit(0)")
     child = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())],
-                             pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, text=True)
+                             pass_fds=(theirs.fileno(),), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     theirs.close()
     out = child.stdout.readline()
     assert "node2" in out
-    time.sleep(0.2)
+    time.sleep(0.2)  # room for a wrong early finalize to arrive; the child lives until told
     assert "cmd=finalize" not in proxy.seen  # the rank still runs: no finalize yet
+    child.stdin.write("exit\n")
+    child.stdin.close()
     child.wait(timeout=30)
     deadline = time.monotonic() + 10
     while "cmd=finalize" not in proxy.seen and time.monotonic() < deadline:
