@@ -66,14 +66,14 @@ def _show(args: argparse.Namespace) -> int:
                 lines.append(f"{key:<{width}}  {'-' if value is None else value}")
             lines += [f"note: {note}" for note in env.notes]
             text = "\n".join(lines)
-    _write(text, _label(args, env, machine=args.json or args.summary))
+    display.write(text, display.label(args.prefix, env, machine=args.json or args.summary))
     return 0
 
 
 def _map(args: argparse.Namespace, env: DistEnv) -> int:
     """`distenv show --map`: every rank completes the placement (collective under PMI-1),
     rank 0 prints the map once for the job."""
-    from . import nodemap
+    from . import display, nodemap
 
     if args.explain or args.summary:
         args.parser.error("--map prints a table, or JSON with --json: not with --explain or --summary")
@@ -91,27 +91,8 @@ def _map(args: argparse.Namespace, env: DistEnv) -> int:
         text = json.dumps(found.to_dict(), sort_keys=False)
     else:
         text = found.text()
-    _write(text, _label(args, env, machine=True))
+    display.write(text, display.label(args.prefix, env, machine=True))
     return 0
-
-
-def _label(args: argparse.Namespace, env: "DistEnv | None", machine: bool) -> "str | None":
-    """The line prefix: --prefix/--no-prefix, else on in a distributed launch for text
-    meant for people (off for JSON and one-line summaries, which name the rank), unless the
-    launcher labels every line itself (srun --label, mpirun --tag-output, mpiexec -l)."""
-    from .display import launcher_labels, rank_label
-
-    on = args.prefix if args.prefix is not None else (
-        not machine and (env is None or env.is_distributed) and launcher_labels() is None)
-    return rank_label(env) if on else None
-
-
-def _write(text: str, label: "str | None") -> None:
-    from .display import prefixed
-
-    # One write per rank: its lines stay together as far as the launcher's forwarding allows.
-    sys.stdout.write(prefixed(text, label) + "\n")
-    sys.stdout.flush()
 
 
 def summary(env: DistEnv) -> str:

@@ -172,3 +172,22 @@ def prefixed(text: str, label: "str | None") -> str:
     if label is None:
         return text
     return "\n".join(f"[{label}] {line}" if line else f"[{label}]" for line in text.split("\n"))
+
+
+def label(prefix: "bool | None", env: "DistEnv | None", machine: bool) -> "str | None":
+    """The line prefix: `prefix` (--prefix/--no-prefix) when given, else on in a distributed
+    launch for text meant for people (off for JSON and one-line summaries, which name the
+    rank), unless the launcher labels every line itself (srun --label, mpirun --tag-output,
+    mpiexec -l)."""
+    on = prefix if prefix is not None else (
+        not machine and (env is None or env.is_distributed) and launcher_labels() is None)
+    return rank_label(env) if on else None
+
+
+def write(text: str, label: "str | None") -> None:
+    """`text` with every line prefixed by `label`, in one write per rank: its lines stay
+    together as far as the launcher's forwarding allows."""
+    import sys
+
+    sys.stdout.write(prefixed(text, label) + "\n")
+    sys.stdout.flush()

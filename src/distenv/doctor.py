@@ -931,7 +931,6 @@ def main(args: argparse.Namespace) -> int:
     import json
 
     from . import display
-    from .cli import _label, _write
 
     env, report = _diagnose(None, args.probe, args.timeout, False, discover=True)
     code = exit_code(report)
@@ -948,5 +947,5 @@ def main(args: argparse.Namespace) -> int:
     else:
         report["versions"] = versions(env)
         text = render(report)
-    _write(text, _label(args, env, machine=args.json or summary_only))
+    display.write(text, display.label(args.prefix, env, machine=args.json or summary_only))
     return code
