@@ -133,7 +133,7 @@ JOBS["jx-noauto-jax-mpich4"] = _job(local("mpich4", 2), (str(SCRIPTS / "plain_ja
 # A process that never starts: `true` in its place (exit 0: mpirun waits for the other). The
 # example runs under scripts/timed_preflight.py, which prints how long the meeting itself took.
 _FAIL = {"DISTENV_TIMEOUT": str(SHORT)}
-TIMED = str(SCRIPTS / "timed_preflight.py")
+TIMED = (str(SCRIPTS / "timed_preflight.py"), "distenv.jax:preflight")
 # How late past DISTENV_TIMEOUT the meeting may end: it polls every 0.2 s, and on this 2-core
 # machine under load (4 busy loops and other test runs) a wait was seen to end up to 0.71 s
 # after its deadline (tests/unit/test_pmi.py, LATE): about twice that, plus the poll.
@@ -142,12 +142,12 @@ JOBS["jx-missing-1"] = _job(
     Layout("openmpi4", "mpmd-missing-1", "local", 2, "openmpi", "openmpi",
            lambda cmd, extra: [harness.OMPI4, "--allow-run-as-root", "--oversubscribe", *extra,
                                "-np", "1", *cmd, ":", "-np", "1", "true"], (harness.LOCALHOST,)),
-    (TIMED, JAX, "--report"), env=_FAIL, cost=1, timeout=150)
+    (*TIMED, JAX, "--report"), env=_FAIL, cost=1, timeout=150)
 JOBS["jx-missing-0"] = _job(
     Layout("openmpi4", "mpmd-missing-0", "local", 2, "openmpi", "openmpi",
            lambda cmd, extra: [harness.OMPI4, "--allow-run-as-root", "--oversubscribe", *extra,
                                "-np", "1", "true", ":", "-np", "1", *cmd], (harness.LOCALHOST,)),
-    (TIMED, KERAS, "--report", "--out", str(_dir("jx-missing-0") / "out")), env=_FAIL, cost=1,
+    (*TIMED, KERAS, "--report", "--out", str(_dir("jx-missing-0") / "out")), env=_FAIL, cost=1,
     timeout=150)
 # A process that dies after joining (tests/e2e/scripts/jax_dead_peer.py).
 JOBS["jx-dead-peer"] = _job(local("openmpi4", 2), (str(SCRIPTS / "jax_dead_peer.py"),),
