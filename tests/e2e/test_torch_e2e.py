@@ -27,10 +27,18 @@ EXAMPLE = str(harness.REPO / "examples" / "pytorch_ddp.py")
 ARGS = (EXAMPLE,)
 
 
+_HELD = []
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port held by this pytest process until it exits: bound with SO_REUSEADDR and never
+    listening, so no other process can bind it before the job runs (minutes later, in the
+    pool), while torch's TCPStore -- which binds with SO_REUSEADDR too -- listens beside it."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
 
 
 JOBS = {

@@ -170,12 +170,6 @@ def torch_dist():
     torch.set_num_threads(threads)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_single_process_group(clean_launch, torch_dist):
     import distenv.torch
 
@@ -206,11 +200,15 @@ def test_rank_without_rank_0_fails_after_the_timeout(clean_launch, torch_dist):
 
     import distenv.torch
 
+    # Rank 0's port: bound here and never listening for the whole test, so every connection
+    # is refused (a port released first could be taken by another job's listener meanwhile).
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
     for key, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port()), "DISTENV_TIMEOUT": "2"}.items():
+                       "MASTER_PORT": str(holder.getsockname()[1]), "DISTENV_TIMEOUT": "2"}.items():
         clean_launch.setenv(key, value)
     t0 = time.monotonic()
-    with pytest.raises(distenv.torch.RendezvousError) as err:
+    with holder, pytest.raises(distenv.torch.RendezvousError) as err:
         distenv.torch.init_process_group()
     assert time.monotonic() - t0 < 30
     assert "rank 1 could not reach rank 0's store at 127.0.0.1" in str(err.value)
