@@ -15,11 +15,11 @@ MPI, torchrun, Azure ML, SageMaker, GCP/Vertex and Kubeflow per-node launches or
    `distenv.discovery.complete(env, need=("master_addr",))` where this distenv has it) at a
    port from the core's rule (`coordinator_port`: never the master port, which torchrun's agent
    holds);
-3. binds local devices: per-process, one GPU per process (the local rank's, as
-   `distenv.torch.choose_device` picks it), with CUDA_VISIBLE_DEVICES narrowed to it (unless
-   torch is imported here: CUDA may be initialised already, so JAX's `local_device_ids` alone
-   selects it); per-node, every visible GPU -- or, on a CPU-only node with several workers per
-   node (DISTENV_NPROC_PER_NODE), that many XLA CPU devices;
+3. binds local devices: per-process, one GPU per process (the local rank's, by the core's
+   policy `distenv.gpus.share`, which torch's device follows too), with CUDA_VISIBLE_DEVICES
+   narrowed to it (unless torch is imported here: CUDA may be initialised already, so JAX's
+   `local_device_ids` alone selects it); per-node, every visible GPU -- or, on a CPU-only node
+   with several workers per node (DISTENV_NPROC_PER_NODE), that many XLA CPU devices;
 4. picks gloo for CPU collectives when nothing chose an implementation (older JAX had none);
 5. before JAX's own wait (it aborts the process after `initialization_timeout`, 300 s, with a
    message that names nobody), meets every process at the coordinator's port within
@@ -42,6 +42,7 @@ import sys
 import time
 import zlib
 
+from . import gpus
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
 
@@ -58,9 +59,9 @@ def _log() -> "Logger":
 
     return get_logger(__name__)
 
-#: Written beside CUDA_VISIBLE_DEVICES when distenv narrowed it (the same marker distenv.tensorflow
-#: writes): a second look must not narrow the slice again.
-GPU_SLICE_VAR = "DISTENV_GPU_SLICE"
+#: Written beside CUDA_VISIBLE_DEVICES when distenv narrowed it: a second look must not narrow
+#: the slice again (the core's marker, `distenv.gpus`, which distenv.tensorflow writes too).
+GPU_SLICE_VAR = gpus.GPU_SLICE_VAR
 #: JAX's own defaults, kept when DISTENV_TIMEOUT is longer (jax/_src/distributed.py).
 JAX_HEARTBEAT_TIMEOUT = 100
 JAX_SHUTDOWN_TIMEOUT = 300
@@ -126,15 +127,17 @@ def _bracket(host: str) -> str:
 def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
                 torch_imported: "bool | None" = None) -> "dict[str, Any]":
     """How this process binds its devices, without JAX: ``{"cuda_visible_devices": str|None
-    (narrow to this), "local_device_ids": list, "cpu_devices": int|None, "why": str}``."""
-    from .gpus import visible_gpus
+    (narrow to this), "local_device_ids": list, "cpu_devices": int|None, "why": str}``. Which
+    GPUs: the core's policy (`distenv.gpus.share`); how JAX is told: here."""
+    from .gpus import CROWDED, GIVEN, NODE, NONE, share
 
     src = os.environ if environ is None else environ
     if torch_imported is None:
         torch_imported = "torch" in sys.modules
-    count, seen = visible_gpus(src)
+    mine = share(d, src)
+    count = mine.count
     out: "dict[str, Any]" = {"cuda_visible_devices": None, "local_device_ids": [], "cpu_devices": None}
-    if count == 0:
+    if mine.kind == NONE:
         nproc = d.nproc_per_node or 1
         user = ("xla_force_host_platform_device_count" in src.get("XLA_FLAGS", "")
                 or src.get("JAX_NUM_CPU_DEVICES"))
@@ -144,36 +147,29 @@ def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
                           f"{nproc} XLA CPU devices, one per worker "
                           f"(nproc_per_node: {d.provenance.get('nproc_per_node', '')})")
         else:
-            out["why"] = f"CPU only ({seen})"
+            out["why"] = f"CPU only ({mine.seen})"
         return out
-    visible = src.get("CUDA_VISIBLE_DEVICES")
-    if d.launch == PER_NODE or (visible is not None and src.get(GPU_SLICE_VAR) == visible):
-        out["local_device_ids"] = list(range(count))
-        out["why"] = (f"per-node launch: this process owns all {count} GPU(s) ({seen})"
-                      if d.launch == PER_NODE else
-                      f"distenv already gave this process its GPU ({GPU_SLICE_VAR}={visible!r})")
+    if mine.kind in (GIVEN, NODE):
+        out["local_device_ids"] = list(mine.positions)
+        out["why"] = mine.why
         return out
-    from .torch import choose_device
-
-    try:
-        index, why = choose_device(d, count, src)
-    except DistEnvError:
+    if mine.kind == CROWDED:
         raise DistEnvError(
             f"{d.local_world_size} JAX processes on this node but only {count} GPU(s) visible "
-            f"({seen}) and CUDA_VISIBLE_DEVICES is unset: JAX gives each process its own device. "
+            f"({mine.seen}) and CUDA_VISIBLE_DEVICES is unset: JAX gives each process its own device. "
             "Fix: start one process per GPU, give each task its own GPUs (srun --gpus-per-task), "
             "start one process per node (DISTENV_NPROC_PER_NODE) or set JAX_PLATFORMS=cpu."
-        ) from None
+        )
+    index, why = mine.positions[0], mine.why
     if count == 1 or torch_imported:
         out["local_device_ids"] = [index]
         out["why"] = why + ("" if count == 1 else " (CUDA_VISIBLE_DEVICES left alone: torch is "
                                                  "imported here and may have initialised CUDA)")
         return out
-    assert index is not None  # count > 0 here (0 returned above): choose_device gave a device
-    ids = [x.strip() for x in visible.split(",")][:count] if visible else [str(i) for i in range(count)]
-    out["cuda_visible_devices"] = ids[index]
+    narrowed = mine.ids[0]
+    out["cuda_visible_devices"] = narrowed
     out["local_device_ids"] = [0]
-    out["why"] = f"{why}: CUDA_VISIBLE_DEVICES={ids[index]}"
+    out["why"] = f"{why}: CUDA_VISIBLE_DEVICES={narrowed}"
     return out
 
 

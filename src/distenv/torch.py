@@ -76,29 +76,24 @@ def per_node_message(env: DistEnv) -> str:
 
 def choose_device(env: DistEnv, cuda_count: int, environ: "Mapping[str, str] | None" = None
                   ) -> "tuple[int | None, str]":
-    """(CUDA device index for this process or None for CPU, why).
+    """(CUDA device index for this process or None for CPU, why): the core's one-device
+    policy (`distenv.gpus.one_device`).
 
     `cuda_count` is what torch.cuda.device_count() sees, i.e. after CUDA_VISIBLE_DEVICES.
     """
-    environ = os.environ if environ is None else environ
-    if cuda_count <= 0:
-        return None, "no CUDA device visible"
-    local = env.local_rank if env.local_rank is not None else 0
-    nlocal = env.local_world_size if env.local_world_size is not None else 1
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if cuda_count >= nlocal:
-        return local, f"local rank {local} of {nlocal} takes device {local} of {cuda_count}"
-    if visible is not None or cuda_count == 1:
-        # The scheduler gave each task its own devices (srun --gpus-per-task, ...).
-        return 0, (f"{cuda_count} device(s) for {nlocal} local processes: "
-                   f"CUDA_VISIBLE_DEVICES={visible!r} was narrowed per task, take its first")
-    raise DistEnvError(
-        f"{nlocal} processes on this node (local_world_size={nlocal}, "
-        f"{env.provenance.get('local_world_size', '')}) but only {cuda_count} CUDA devices "
-        "visible and CUDA_VISIBLE_DEVICES is unset. Fix: start one process per GPU "
-        f"(e.g. -np {cuda_count} per node), give each task its own GPUs (srun --gpus-per-task), "
-        "or pass backend='gloo'."
-    )
+    from .gpus import CROWDED, one_device
+
+    share = one_device(env, cuda_count, os.environ if environ is None else environ)
+    if share.kind == CROWDED:
+        nlocal = env.local_world_size
+        raise DistEnvError(
+            f"{nlocal} processes on this node (local_world_size={nlocal}, "
+            f"{env.provenance.get('local_world_size', '')}) but only {cuda_count} CUDA devices "
+            "visible and CUDA_VISIBLE_DEVICES is unset. Fix: start one process per GPU "
+            f"(e.g. -np {cuda_count} per node), give each task its own GPUs (srun --gpus-per-task), "
+            "or pass backend='gloo'."
+        )
+    return (share.positions[0] if share.positions else None), share.why
 
 
 def choose_backend(requested: "str | None", device_index: "int | None", nccl: bool) -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import knobs
-from ..description import PER_NODE, DistEnv
+from .. import gpus, knobs
+from ..description import DistEnv
 from ..errors import DistEnvError
 from .cluster import _environ
 
@@ -12,36 +12,21 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 #: Set beside CUDA_VISIBLE_DEVICES when distenv narrowed it: a second look (patch() then
-#: strategy(), or strategy() twice) must not narrow the slice again.
-GPU_SLICE_VAR = "DISTENV_GPU_SLICE"
+#: strategy(), or strategy() twice) must not narrow the slice again (the core's marker).
+GPU_SLICE_VAR = gpus.GPU_SLICE_VAR
 
 
 def gpu_assignment(d: DistEnv, environ: "Mapping[str, str] | None" = None) -> "tuple[str | None, str]":
-    """(CUDA_VISIBLE_DEVICES for this process or None to leave it, why)."""
-    from ..gpus import visible_gpus
-
-    src = _environ(environ)
-    count, why = visible_gpus(src)
-    local, lsize = d.local_rank, d.local_world_size
-    if count == 0:
-        return None, why
-    if src.get(GPU_SLICE_VAR) is not None and src.get(GPU_SLICE_VAR) == src.get("CUDA_VISIBLE_DEVICES"):
-        return None, f"distenv already gave this process its GPUs ({GPU_SLICE_VAR}={src[GPU_SLICE_VAR]!r})"
-    if d.launch == PER_NODE or not lsize or lsize == 1 or local is None:
-        return None, f"one process on this node uses all {count} GPU(s) ({why})"
-    given = src.get("CUDA_VISIBLE_DEVICES")
-    ids = [x.strip() for x in given.split(",")][:count] if given else [str(i) for i in range(count)]
-    if count < lsize:
-        if count == 1 and given is not None:
-            return None, f"the scheduler gave this process its own GPU ({why})"
+    """(CUDA_VISIBLE_DEVICES for this process or None to leave it, why): the core's policy
+    (`distenv.gpus.share`) with a slice of GPUs per process, which MirroredStrategy drives."""
+    mine = gpus.share(d, _environ(environ), split=True)
+    if mine.kind == gpus.CROWDED:
         raise DistEnvError(
-            f"{lsize} processes on this node share {count} GPU(s) ({why}): TensorFlow cannot "
-            "split a GPU between processes. Fix: start one process per GPU, or one process per "
-            "node (MultiWorkerMirroredStrategy then uses every local GPU)."
+            f"{mine.why}: TensorFlow cannot split a GPU between processes. Fix: start one "
+            "process per GPU, or one process per node (MultiWorkerMirroredStrategy then uses "
+            "every local GPU)."
         )
-    per = count // lsize
-    mine = ids[local * per:(local + 1) * per]
-    return ",".join(mine), f"local rank {local} of {lsize} takes {per} of {count} GPU(s) ({why})"
+    return (",".join(mine.ids) if mine.kind == gpus.SLICE else None), mine.why
 
 
 def thread_counts(d: DistEnv) -> "tuple[int, int]":
