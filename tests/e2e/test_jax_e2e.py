@@ -363,11 +363,15 @@ def test_a_platform_only_jax_detects_keeps_jax_s_own_answer(how):
     detection alone: 2 processes, not two lone ones with num_processes=1."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    res = _pods([{"TESTPOD_ID": str(i), "TESTPOD_COUNT": "2", "TESTPOD_PORT": str(port)}
-                 for i in range(2)], f"jax-own-{how}", "jax_own_cluster.py", (how,))
+    # The coordinator's port stays bound here (SO_REUSEADDR, never listening) until the pods
+    # are done: no other process can take it meanwhile, and JAX's gRPC coordinator, which
+    # binds with SO_REUSEADDR too, listens beside it.
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        res = _pods([{"TESTPOD_ID": str(i), "TESTPOD_COUNT": "2", "TESTPOD_PORT": str(port)}
+                     for i in range(2)], f"jax-own-{how}", "jax_own_cluster.py", (how,))
     got = records(res, "jax_own_cluster")
     assert res.rc == 0 and len(got) == 2, res.describe()
     assert [(r["process_index"], r["process_count"]) for r in got] == [(0, 2), (1, 2)], got

@@ -216,18 +216,23 @@ def test_lightning_onprem_launch_two_nodes_equals_one_process(jobs):
     import socket
 
     package = pkg("lightning")
-    with socket.socket() as s:  # the port is held by no one between here and the job's start
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [_onprem_node(n, port, package) for n in (0, 1)]
+    # The port stays bound here (SO_REUSEADDR, never listening) until the job is over: no other
+    # process can take it between here and rank 0's TCPStore, which binds with SO_REUSEADDR too
+    # and listens beside it.
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]
     outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=460)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
-            out, err = p.communicate()
-        outs.append((p.returncode, out, err))
+    with held:
+        procs = [_onprem_node(n, port, package) for n in (0, 1)]
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=460)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                out, err = p.communicate()
+            outs.append((p.returncode, out, err))
     for rc, out, err in outs:
         assert rc == 0, f"exit {rc}\n{out[-3000:]}\n{err[-6000:]}"
     found = [r for r in _json_lines(outs[0][1]) if r.get("example") == "lightning_trainer"]

@@ -141,20 +141,23 @@ def run_all(specs: "list[Spec]", workers: "int | None" = None, together: bool = 
         return {name: f.result() for name, f in futures.items()}
 
 
+_HELD: list = []
+
+
 def free_ports(n: int) -> "list[int]":
-    """n distinct ports free right now (for MPICH, which reveals no job id)."""
+    """n distinct ports (for MPICH, which reveals no job id), held by this process until it
+    exits: bound with SO_REUSEADDR and never listening, so no other process can take one
+    before its job's rank 0 binds it -- torch's TCPStore binds with SO_REUSEADDR too and
+    listens beside the held socket."""
     import socket
 
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
+    ports = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        _HELD.append(s)
+        ports.append(s.getsockname()[1])
     return ports
 
 

@@ -124,13 +124,14 @@ def test_the_silent_size_one_is_an_error():
 
 
 def test_waiting_for_a_missing_rank_zero_names_it():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    d = distenv.resolve(torchrun(1))
-    with pytest.raises(DistEnvError, match=f"127.0.0.1:{port}.*did not answer within 1 s"):
-        dh._wait_for("127.0.0.1", port, 1.0, d)
+    # Bound and never listening for the whole test: every connection is refused (a port
+    # released first could get another job's listener, which would answer).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        d = distenv.resolve(torchrun(1))
+        with pytest.raises(DistEnvError, match=f"127.0.0.1:{port}.*did not answer within 1 s"):
+            dh._wait_for("127.0.0.1", port, 1.0, d)
 
 
 @pytest.fixture

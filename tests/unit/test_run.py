@@ -445,14 +445,19 @@ def test_onprem_two_nodes_started_by_hand_all_reduce(tmp_path):
         require("torch is not installed in .venv (integrations/setup.sh)")
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    # The master port stays bound here (SO_REUSEADDR, never listening) until the job is over:
+    # no other process can take it meanwhile, and torch's TCPStore, which binds with
+    # SO_REUSEADDR too, listens beside it.
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
+    port = str(held.getsockname()[1])
     cmd = ["timeout", "-k", "5", "120", str(DISTENV), "run", "--nproc-per-node", "2", "--",
            str(VENV_PY), str(WORKER), "--allreduce"]
-    procs = [subprocess.Popen(cmd, env=clean_env({**ONPREM, "MASTER_PORT": port, "NODE_RANK": str(n)}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
-    outs = [p.communicate(timeout=150) for p in procs]
+    with held:
+        procs = [subprocess.Popen(cmd, env=clean_env({**ONPREM, "MASTER_PORT": port, "NODE_RANK": str(n)}),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+        outs = [p.communicate(timeout=150) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     recs = sorted((r for out, _ in outs for r in records(out)), key=lambda r: int(r["vars"]["RANK"]))
     assert [(r["vars"]["RANK"], r["vars"]["LOCAL_RANK"], r["vars"]["NODE_RANK"]) for r in recs] == \
