@@ -5,7 +5,8 @@
 
 Writes {"layout", "launcher_cmd", "launcher_version", "rank_var", "ranks": [{"hostname",
 "env"}, ...]} with ranks sorted by the launcher's own rank variable: the first of RANK_VARS
-that every rank has (RANK before the MPI ones, so torchrun under srun sorts by worker; the
+that every rank has (RANK before the MPI ones, so torchrun under srun sorts by worker;
+HOROVOD_RANK for horovodrun's Gloo mode; the
 MPI ones before SLURM_PROCID, so mpirun inside a batch job sorts by MPI rank). Lines that
 are not JSON objects (launcher chatter) are ignored; --drop NAME removes a variable the
 recording harness itself set (SLURM_CONF). Fails when the count differs from
@@ -17,7 +18,7 @@ import argparse
 import json
 import sys
 
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_ID", "SLURM_PROCID")
+RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_ID", "SLURM_PROCID")
 
 
 def main() -> int:

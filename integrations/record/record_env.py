@@ -44,6 +44,8 @@ NAMES = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
     "CUDA_VISIBLE_DEVICES",
+    # the DeepSpeed launcher's per-node agent (deepspeed.launcher.launch) adds these three
+    "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
 }
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CRED|COOKIE|TRANSPORTS", re.I)
 LIST_NAME = re.compile(r"(NODELIST|NODE_LIST|HOSTLIST|HOSTS|NODENAME)$", re.I)
