@@ -49,10 +49,14 @@ def _runner():
     return run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _held_port():
+    """A free port and the socket holding it for the run: bound with SO_REUSEADDR, never
+    listening, so no other process takes it before rank 0's TCPStore (SO_REUSEADDR too)
+    listens beside it (as tests/reliability/jobs.py free_ports)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
 
 
 def _env(**extra):
@@ -75,10 +79,11 @@ def test_deepspeed_runner_one_node(tmp_path):
     run = _runner()
     out = tmp_path / "out"
     out.mkdir()
-    port = _free_port()
+    held, port = _held_port()
     argv = ["timeout", "-k", "5", "150", run, "--num_gpus", "2", "--master_port", port,
             PROBE, "deepspeed", out]
-    recs, log = _launch(argv, _env(), out, 2, tmp_path)
+    with held:
+        recs, log = _launch(argv, _env(), out, 2, tmp_path)
     recs.sort(key=lambda r: int(r["v"]["RANK"]))
     assert [r["v"]["RANK"] for r in recs] == ["0", "1"], log
     for r in recs:
