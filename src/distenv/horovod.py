@@ -33,6 +33,7 @@ import time
 from . import knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
+from .sources import family, source_of
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
-#: Launchers whose ranks Horovod's MPI controller joins (Horovod is usually built with Open MPI).
-MPI_LAUNCHERS = ("openmpi",)
 _server: "dict[str, Any]" = {}
 
 
@@ -87,11 +86,12 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
         raise DistEnvError(f"DISTENV_HOROVOD_CONTROLLER={wanted!r} is not a controller. Fix: set "
                            "it to mpi, gloo or auto (or unset it: auto).")
     base = {"env": d, "environ": {}, "server": False, "address": None}
-    if d.launcher == "horovodrun":
+    source = source_of(d.launcher)
+    if source.family == "horovod":  # horovodrun set Horovod up itself
         return {**base, "controller": "horovodrun"}
     if d.world_size == 1:
         return {**base, "controller": "single"}
-    if wanted == "mpi" or (wanted == "auto" and d.launcher in MPI_LAUNCHERS):
+    if wanted == "mpi" or (wanted == "auto" and "horovod" in source.mpi_controller):
         return {**base, "controller": "mpi", "environ": {"HOROVOD_CONTROLLER": "mpi"}}
 
     missing = [f for f in ("rank", "world_size", "local_rank", "local_world_size")
@@ -223,7 +223,7 @@ def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | 
         from .resolver import resolve
 
         env = resolve()
-        if env.launch != PER_NODE and env.world_size != 1 and env.launcher != "horovodrun":
+        if env.launch != PER_NODE and env.world_size != 1 and family(env.launcher) != "horovod":
             env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"),
                            timeout=timeout)
     p = plan(env, controller=controller)

@@ -40,6 +40,7 @@ import tempfile
 
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
+from .sources import family
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
@@ -70,7 +71,7 @@ def is_chief(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     d = _resolve(env)
     if not d.is_distributed:
         return True
-    if d.launcher == "tf_config":
+    if family(d.launcher) == "tensorflow":  # a TF_CONFIG launch: TensorFlow's chief rule
         from .tensorflow import is_chief as tf_is_chief
 
         return tf_is_chief(d)

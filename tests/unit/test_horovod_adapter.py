@@ -32,6 +32,23 @@ def test_horovodrun_is_left_alone():
     assert p["controller"] == "horovodrun" and p["environ"] == {}
 
 
+def test_the_controller_follows_what_the_source_declares(monkeypatch):
+    """Open MPI declares that Horovod's MPI controller joins its ranks (`mpi_controller`), and
+    horovodrun is the "horovod" family: the plan reads those, never a launcher's name."""
+    from distenv.sources import source_of
+
+    ompi, hvdrun = source_of("openmpi"), source_of("horovodrun")
+    assert ompi.mpi_controller == ("horovod",) and hvdrun.family == "horovod"
+    monkeypatch.setattr(ompi, "mpi_controller", ())
+    assert dh.plan(recorded("openmpi4-np2", 1))["controller"] == "gloo"
+    monkeypatch.setattr(source_of("torchrun"), "mpi_controller", ("horovod",))
+    assert dh.plan(torchrun(1))["controller"] == "mpi"
+    monkeypatch.setattr(hvdrun, "family", "other")
+    env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+           "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
+    assert dh.plan(env)["controller"] != "horovodrun"
+
+
 def test_torchrun_gets_a_gloo_self_rendezvous():
     p0, p1 = dh.plan(torchrun(0)), dh.plan(torchrun(1))
     assert p0["controller"] == p1["controller"] == "gloo"

@@ -18,6 +18,7 @@ from __future__ import annotations
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import Any
 
     from ..reading import Env, Reading
 
@@ -69,6 +70,21 @@ class Source:
     #: The launcher's programs (by name; a name ending in ".<suffix>" counts as the program
     #: ``program.<suffix>`` when listed) and their options that prefix each line with the rank.
     label_options: "dict[str, tuple[str, ...]]" = {}
+    #: Do variables exported in the job script reach ranks on other nodes only through
+    #: `pass_on` (Open MPI's mpirun)? Fixes that ask for a variable on every node then say so
+    #: (`pass_on_note`).
+    pass_on_only = False
+    #: Why no host list gives the order of this launcher's nodes, for fixes that would ask for
+    #: one ("torchrun numbers nodes in rendezvous order, ..."); "" when ranks fill a host list
+    #: in order.
+    node_order = ""
+    #: Adapters ("horovod") whose MPI controller joins this launch's ranks by default: MPI_Init
+    #: of a build against this MPI (Horovod's usual one: Open MPI) finds every rank.
+    mpi_controller: "tuple[str, ...]" = ()
+    #: The variable in which this platform describes the TensorFlow cluster itself (Google
+    #: Cloud's CLUSTER_SPEC): adapters take that cluster (`tf_config`) instead of building one;
+    #: "" when it does not.
+    tf_cluster = ""
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
@@ -96,6 +112,16 @@ class Source:
     def passes_on(self, name: str, value: object = "<value>") -> str:
         """`pass_on` filled in for one variable, or ""."""
         return self.pass_on.format(name=name, value=value) if self.pass_on else ""
+
+    def pass_on_note(self, name: str) -> str:
+        """That `name` reaches other nodes only through `pass_on` (`pass_on_only`), or ""."""
+        if not self.pass_on_only or not self.pass_on:
+            return ""
+        return f"{self.title} passes variables to other nodes only with {self.passes_on(name)}"
+
+    def tf_config(self, env: "Env") -> "dict[str, Any] | None":
+        """Platforms with a `tf_cluster`: that cluster as a TF_CONFIG dict, or None."""
+        return None
 
 
 class Entry:
@@ -189,6 +215,13 @@ def family(launcher: "str | None") -> str:
         return ""
     entry = find(launcher)
     return entry.load().family if entry is not None else ""
+
+
+def source_of(launcher: "str | None") -> Source:
+    """The source of a launcher name (or alias) -- what adapters branch on; for an unknown
+    name, a bare `Source` that declares nothing."""
+    entry = find(launcher) if launcher else None
+    return entry.load() if entry is not None else Source()
 
 
 def adapter_acts(launcher: "str | None", adapter: str) -> bool:

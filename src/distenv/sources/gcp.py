@@ -124,6 +124,7 @@ class GoogleCloud(Source):
     prefixes = ('CLUSTER_SPEC', 'CLOUD_ML_', 'AIP_')
     aliases = ("gcp", "vertex")
     owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    tf_cluster = "CLUSTER_SPEC"
 
     def detect(self, env: "Env") -> bool:
         spec = cluster_spec(env)
@@ -184,6 +185,9 @@ class GoogleCloud(Source):
         r.set("job_id", job, "CLOUD_ML_JOB_ID")
         if job:
             r.port_key = "gcp:" + job
+
+    def tf_config(self, env: "Env") -> "dict[str, Any] | None":
+        return tf_config(env)  # the module's function
 
     def platform(self, env: "Env") -> "str | None":
         spec = cluster_spec(env)

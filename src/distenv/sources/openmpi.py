@@ -111,6 +111,8 @@ class OpenMPI(Source):
     can_be_per_node = True
     family = "mpi"
     pass_on = "mpirun -x {name}"
+    pass_on_only = True  # mpirun forwards to other nodes only the variables -x names
+    mpi_controller = ("horovod",)  # Horovod is usually built with Open MPI
     # Open MPI 4 passes --tag-output on as a variable; Open MPI 5 only in mpirun's options
     # (--tag-output, -tag-output, or --output tag[,...]). Debian names it mpirun.openmpi.
     label_var = ("OMPI_MCA_orte_tag_output", ("1", "true", "yes", "on"), "mpirun --tag-output")

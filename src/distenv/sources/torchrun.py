@@ -27,6 +27,7 @@ class TorchRun(Source):
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT")
     aliases = ("torchrun", "torch.distributed.launch", "torchelastic")
+    node_order = "torchrun numbers nodes in rendezvous order, not in any host list"
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

@@ -12,6 +12,7 @@ import os
 from .. import knobs, placement
 from ..description import PER_NODE, DistEnv
 from ..errors import DistEnvError
+from ..sources import family, source_of
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -61,10 +62,11 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
     raw = src.get("TF_CONFIG")  # TensorFlow's own variable: validated, passed through
     if raw:
         return _passthrough(raw, d)
-    if d.launcher in ("gcp", "vertex"):
-        config = placement.cluster_spec_tf_config(src)
+    source = source_of(d.launcher)
+    if source.tf_cluster:  # the platform describes the cluster itself
+        config = source.tf_config(src)
         if config is None:
-            raise DistEnvError("CLUSTER_SPEC has no TensorFlow-style 'cluster' mapping of lists.")
+            raise DistEnvError(f"{source.tf_cluster} has no TensorFlow-style 'cluster' mapping of lists.")
         return config
     hosts = _worker_hosts(d, src, hostfile, gather)
     return _assemble(d, src, hosts, base_port)
@@ -72,7 +74,7 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
 
 def _passthrough(raw: str, d: DistEnv) -> "dict[str, Any]":
     config = placement.parse_tf_config(raw)
-    if d.launcher != "tf_config":
+    if family(d.launcher) != "tensorflow":  # TF_CONFIG is not the launch: check it agrees
         members = placement.tf_workers(config)
         task = config["task"]
         kind, index = task["type"], task.get("index", 0)
@@ -137,11 +139,11 @@ def _missing(d: DistEnv, what: str) -> str:
     how = ("pass hostfile=... or set DISTENV_HOSTFILE to a file of host names (host:N per "
            "line, in mpirun's order), or gather=True / DISTENV_GATHER=mpi4py (needs mpi4py) "
            "to ask the other ranks, or set TF_CONFIG yourself")
-    if d.launcher == "torchrun":
-        how = ("torchrun numbers nodes in rendezvous order, not in any host list: set "
-               "TF_CONFIG yourself, or launch with mpirun/srun")
-    elif d.launcher == "openmpi":
-        how += " (Open MPI passes variables to other nodes only with mpirun -x DISTENV_HOSTFILE)"
+    source = source_of(d.launcher)
+    if source.node_order:  # no host list can place its nodes
+        how = f"{source.node_order}: set TF_CONFIG yourself, or launch with mpirun/srun"
+    elif source.pass_on_note("DISTENV_HOSTFILE"):
+        how += f" ({source.pass_on_note('DISTENV_HOSTFILE')})"
     return (f"cannot build TF_CONFIG: {d.launcher} runs {d.world_size or '?'} worker(s) on "
             f"{d.num_nodes or 'several'} node(s) but does not reveal {what}. Fix: {how}.")
 

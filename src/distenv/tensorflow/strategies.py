@@ -8,6 +8,7 @@ import sys
 
 from ..description import PER_NODE
 from ..errors import DistEnvError
+from ..sources import source_of
 from .cluster import CHIEFS, _inputs, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
 from .preflight import rendezvous
@@ -45,8 +46,9 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     from ..gpus import visible_gpus
 
     gpus = visible_gpus(src)[0] if cuda is None else len(cuda.split(","))
-    single = not src.get("TF_CONFIG") and not (d.launcher in ("gcp", "vertex")) and (
-        (d.launch != PER_NODE and d.world_size == 1) or (d.launch == PER_NODE and d.num_nodes == 1))
+    single = not src.get("TF_CONFIG") and (
+        (d.launch != PER_NODE and d.world_size == 1) or (d.launch == PER_NODE and d.num_nodes == 1)
+    ) and not source_of(d.launcher).tf_cluster  # last: it loads the source modules
     out: "dict[str, Any]" = {"env": d, "cuda_visible_devices": cuda, "cuda_why": cuda_why,
                              "threads": thread_counts(d)}
     if single:

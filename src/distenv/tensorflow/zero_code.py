@@ -11,6 +11,7 @@ import sys
 from .. import knobs
 from ..description import PER_NODE
 from ..errors import DistEnvError
+from ..sources import source_of
 from .cluster import _environ, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR
 from .preflight import rendezvous
@@ -65,8 +66,8 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[st
         return out
     out["env"] = d
     initialised = _hooks().tf_initialized()
-    # A cluster the platform describes (TF_CONFIG, or CLUSTER_SPEC: the gcp/vertex launchers).
-    platform_cluster = bool(src.get("TF_CONFIG")) or d.launcher in ("gcp", "vertex")
+    # A cluster the platform describes (TF_CONFIG, or its own: Google Cloud's CLUSTER_SPEC).
+    platform_cluster = bool(src.get("TF_CONFIG")) or bool(source_of(d.launcher).tf_cluster)
     if d.launch == PER_NODE and (d.nproc_per_node or 1) > 1 and not platform_cluster:
         gpus, gpus_why = visible_gpus(src)
         if gpus != d.nproc_per_node:
