@@ -7,11 +7,15 @@
 #   horovodrun-gloo-np2    .venvs/horovod:   horovodrun --gloo -np 2 -H localhost:2
 #   deepspeed-nproc2       .venvs/deepspeed: deepspeed --num_gpus 2 --master_port P (CPU: no GPU
 #                          is needed once --num_gpus is given)
+#   horovodrun-gloo-2x2    horovodrun --gloo -np 4 -H node1:2,node2:2 inside node1 of the namespace
+#                          cluster (root; integrations/cluster/up.sh is run if the nodes are not
+#                          up, and down.sh again at the end if this script brought them up);
+#                          remote ranks start through an `ssh` on PATH that runs the fake ssh
 #
 # OUT_DIR defaults to tests/fixtures/launchers/frameworks: tests/unit/test_recorded.py replays
 # every tests/fixtures/launchers/*.json and knows no horovodrun or DeepSpeed family yet, so
 # these live one directory down; tests/integration/test_framework_recordings.py replays them.
-# About 15 s (the DeepSpeed runner imports torch twice before any rank starts).
+# About 20 s (the DeepSpeed runner imports torch twice before any rank starts).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/../common.sh"
@@ -66,5 +70,24 @@ rec horovodrun-gloo-np2 2 "$V_HVD" "horovodrun --gloo -np 2 -H localhost:2 pytho
     "$HVD/bin/horovodrun" --gloo -np 2 -H localhost:2 "$HVD/bin/python" "$REC"
 rec deepspeed-nproc2 2 "$V_DS" "deepspeed --num_gpus 2 --master_port $port record_env.py" \
     "$DS/bin/deepspeed" --num_gpus 2 --master_port "$port" "$REC"
+
+# shellcheck disable=SC2254
+case horovodrun-gloo-2x2 in $only)
+    [ "$(id -u)" = 0 ] || die "horovodrun-gloo-2x2 needs root (network namespaces)"
+    C="$DISTENV_INTEGRATIONS_DIR/cluster"
+    cluster_started=0
+    [ -e /run/netns/node1 ] && [ -e /run/netns/node2 ] || cluster_started=1
+    trap 'rm -rf "$work"; [ "$cluster_started" = 0 ] || "$C/down.sh" >/dev/null 2>&1 || true' EXIT
+    "$C/up.sh" >/dev/null
+    mkdir -p "$work/sshbin"
+    printf '#!/bin/sh\nexec %s "$@"\n' "$C/fakessh" >"$work/sshbin/ssh"
+    chmod +x "$work/sshbin/ssh"
+    # --network-interfaces: the nodes' interface (integrations/cluster/env.sh CLUSTER_IF)
+    PATH="$work/sshbin:$PATH" rec horovodrun-gloo-2x2 4 "$V_HVD" \
+        "horovodrun --gloo -np 4 -H node1:2,node2:2 --network-interfaces clus0 python record_env.py (inside node1)" \
+        "$C/on-node" node1 "$HVD/bin/horovodrun" --gloo -np 4 -H node1:2,node2:2 \
+        --network-interfaces clus0 "$HVD/bin/python" "$REC"
+    ;;
+esac
 
 log "$n_ok layout(s) recorded in $out"

@@ -1,6 +1,7 @@
 """Replay of the framework launchers' recordings: tests/fixtures/launchers/frameworks/*.json,
 written from real runs by integrations/record/record_frameworks.sh (horovodrun --gloo -np 2,
-deepspeed --num_gpus 2 on CPU), in the format of tests/fixtures/launchers/*.json.
+horovodrun --gloo 2x2 on the namespace nodes, deepspeed --num_gpus 2 on CPU), in the format
+of tests/fixtures/launchers/*.json.
 
 No launcher runs here: every rank's recorded environment goes through distenv.resolve().
 
@@ -19,7 +20,7 @@ import json
 import pytest
 
 import harness
-from distenv import resolve
+from distenv import DistEnvError, resolve
 
 FIXTURES = harness.REPO / "tests" / "fixtures" / "launchers" / "frameworks"
 FILES = sorted(FIXTURES.glob("*.json"))
@@ -41,7 +42,8 @@ def _unit_replay():
 
 
 def test_framework_recordings_exist():
-    assert {_load(p)["layout"] for p in FILES} == {"horovodrun-gloo-np2", "deepspeed-nproc2"}
+    assert {_load(p)["layout"] for p in FILES} == \
+        {"horovodrun-gloo-np2", "horovodrun-gloo-2x2", "deepspeed-nproc2"}
     for p in FILES:
         assert p.stem == _load(p)["layout"]
 
@@ -91,3 +93,30 @@ def test_deepspeed_runner_recording(no_gpus):
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             assert exported[name] == v[name], name
     assert [d.rank for _, d in ranks] == [0, 1]
+
+
+def test_horovodrun_gloo_two_node_recording(no_gpus):
+    rec, ranks = _ranks("horovodrun-gloo-2x2")
+    hosts = [r["hostname"] for r in rec["ranks"]]
+    assert rec["rank_var"] == "HOROVOD_RANK" and hosts == ["node1", "node1", "node2", "node2"]
+    for (v, d), host in zip(ranks, hosts):
+        assert v["HOROVOD_HOSTNAME"] == host
+        assert (d.launcher, d.launch) == ("horovodrun", "per-process")
+        assert (d.rank, d.world_size) == (int(v["HOROVOD_RANK"]), int(v["HOROVOD_SIZE"]))
+        assert (d.local_rank, d.local_world_size) == \
+            (int(v["HOROVOD_LOCAL_RANK"]), int(v["HOROVOD_LOCAL_SIZE"]))
+        if v["HOROVOD_LOCAL_RANK"] == "0":  # the cross rank is the host index there only
+            assert (d.node_rank, d.num_nodes) == \
+                (int(v["HOROVOD_CROSS_RANK"]), int(v["HOROVOD_CROSS_SIZE"])) == \
+                (("node1", "node2").index(host), 2)
+        else:
+            assert (d.node_rank, d.num_nodes) == (None, None)
+        # horovodrun names no rank-0 host (its rendezvous server is horovodrun's own):
+        # unknown, and export says what to set
+        assert d.master_addr is None
+        with pytest.raises(DistEnvError, match="MASTER_ADDR"):
+            d.export({})
+        fixed = resolve({**v, "MASTER_ADDR": "node1"})
+        assert fixed.export({})["RANK"] == v["HOROVOD_RANK"]
+        assert fixed.master_addr == "node1"
+    assert len({d.master_port for _, d in ranks}) == 1
