@@ -3,8 +3,9 @@
 would, with distenv's pre-flight meeting (MODULE.FUNCTION: distenv.jax:preflight,
 distenv.tensorflow.strategies:rendezvous, distenv.torch:_rendezvous) timed by this process
 itself: one JSON line {"event": "distenv-preflight", "seconds": ..., "ok": ...} each time the
-meeting ends, however it ends. The e2e tests bound that -- the wait DISTENV_TIMEOUT governs -- and not the launcher's
-start or the framework imports before it, which a loaded 2-core machine makes slow at random."""
+meeting ends, however it ends. The e2e tests bound that -- the wait DISTENV_TIMEOUT governs --
+and not the launcher's start or the framework imports before it, which a loaded 2-core machine
+makes slow at random."""
 import importlib
 import json
 import runpy
