@@ -1,7 +1,9 @@
 """Placement: which host runs each global rank, where the launch proves it, else unknown.
 
 One model for every adapter. `DistEnv.rank_hosts` is the host of every global rank (a tuple
-indexed by rank) or None; the resolver fills it from the launcher's own lists and rules:
+indexed by rank) or None. Each launch's rule lives in its Source (`Source.place`: SLURM's in
+sources/slurm.py, TF_CONFIG's, Google Cloud's, SageMaker's and Azure ML's in theirs); `record`
+asks the launcher's source, then applies the per-node rule, then asks the platform's. The rules:
 
 ===================  ======================================================================
 launch               rule (proof)
@@ -51,106 +53,7 @@ if TYPE_CHECKING:
 
     from .description import DistEnv
     from .reading import Env
-
-# -- SLURM ---------------------------------------------------------------------------------
-NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
-COUNT_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-_BLOCK = ("block", "", "(null)", "unknown")
-
-
-def slurm_distribution(raw: "str | None") -> str:
-    """The node-level part of SLURM_DISTRIBUTION ("cyclic:block" -> "cyclic", "block,pack"
-    -> "block", "*" -> "block"): the SLURM source's rule, one copy."""
-    from .sources.slurm import distribution
-
-    return distribution(raw)
-
-
-def slurm_task_nodes(counts: "Sequence[int]", dist: str = "block", plane: "str | int | None" = None
-                     ) -> "list[int]":
-    """The node index of every task, in rank order, for SLURM's task distribution."""
-    total = sum(counts)
-    if dist in _BLOCK:
-        return [n for n, c in enumerate(counts) for _ in range(c)]
-    if dist.startswith("plane"):
-        size = plane if plane is not None else (dist.split("=", 1)[1] if "=" in dist else None)
-        try:
-            step = int(size)  # type: ignore[arg-type]  # None is the TypeError below
-        except (TypeError, ValueError):
-            raise DistEnvError("SLURM_DISTRIBUTION=plane without SLURM_DIST_PLANESIZE.") from None
-        if step < 1:
-            raise DistEnvError(f"SLURM_DIST_PLANESIZE={size} is not a positive plane size.")
-    elif dist.startswith("cyclic"):
-        step = 1
-    else:
-        raise DistEnvError(
-            f"SLURM_DISTRIBUTION={dist}: the host of each task cannot be derived. Fix: set "
-            "TF_CONFIG or DISTENV_HOSTFILE, or use block or cyclic distribution."
-        )
-    left = list(counts)
-    out: "list[int]" = []
-    while len(out) < total:
-        for n in range(len(left)):
-            take = min(step, left[n])
-            out.extend([n] * take)
-            left[n] -= take
-    return out
-
-
-def slurm_rank_hosts(env: "Env", world_size: "int | None" = None, rank: "int | None" = None,
-                     node_rank: "int | None" = None) -> "list[str]":
-    """The host of every SLURM task, in rank order, from the step's variables in `env`.
-
-    Raises `DistEnvError` saying what is missing or contradictory."""
-    from .hostlist import expand_hostlist, expand_tasks_per_node
-
-    for var in NODELIST_VARS:
-        if env.get(var):
-            hosts = expand_hostlist(env[var], var)
-            break
-    else:
-        raise DistEnvError("SLURM does not reveal its node list (no SLURM_STEP_NODELIST).")
-    for cvar in COUNT_VARS:
-        if env.get(cvar):
-            counts = expand_tasks_per_node(env[cvar], cvar)
-            break
-    else:
-        raise DistEnvError("SLURM does not reveal its tasks per node (no SLURM_STEP_TASKS_PER_NODE).")
-    if len(counts) != len(hosts):
-        raise DistEnvError(f"{var} lists {len(hosts)} node(s) but {cvar} {len(counts)}.")
-    # The SLURM source's proof conditions (sources/slurm.py): a job-level list names the
-    # step's nodes only when it has as many; arbitrary and heterogeneous layouts are unknown.
-    from .sources.slurm import layout_doubt
-
-    step_nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
-    if var != "SLURM_STEP_NODELIST" and str(len(hosts)) != (step_nodes or "").strip():
-        raise DistEnvError(f"no SLURM_STEP_NODELIST, and {var} is not the step's node list.")
-    nodeid = env.get("SLURM_NODEID") or ""
-    gtids = env.get("SLURM_GTIDS")
-    doubt = layout_doubt(env, hosts, int(nodeid) if nodeid.isdigit() else None, counts,
-                         gtids.split(",") if gtids else None)
-    if doubt is not None:
-        raise DistEnvError(doubt[0] + ".")
-    dist = slurm_distribution(env.get("SLURM_DISTRIBUTION"))
-    order = slurm_task_nodes(counts, dist, env.get("SLURM_DIST_PLANESIZE"))
-    if world_size is not None and len(order) != world_size:
-        raise DistEnvError(f"{cvar} adds up to {len(order)} tasks but world_size={world_size}.")
-    if node_rank is not None and rank is not None and rank < len(order) and order[rank] != node_rank:
-        raise DistEnvError(
-            f"SLURM_DISTRIBUTION={dist} places rank {rank} on node {order[rank]} but "
-            f"SLURM_NODEID={node_rank}: an unusual distribution. Fix: set TF_CONFIG or "
-            "DISTENV_HOSTFILE."
-        )
-    return [hosts[n] for n in order]
-
-
-#: Platforms that start one process per node (even when it then is the node's only worker).
-PER_NODE_PLATFORMS = ("gcp", "vertex", "sagemaker")
-
-_SLURM_VARS = NODELIST_VARS + COUNT_VARS + (
-    "SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_GTIDS",
-    "SLURM_HET_SIZE", "SLURM_PACK_SIZE", "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
-
+    from .sources import Source
 
 # -- host files (DISTENV_HOSTFILE) ----------------------------------------------------------
 def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list[int | None]]":
@@ -264,87 +167,45 @@ def display_node_rank(env: "DistEnv") -> int:
     return 0
 
 
-# -- TensorFlow cluster descriptions (one copy: the sources' rules) -----------------------
-def tf_task_rank(config: "dict[str, Any]") -> "int | None":
-    """A parsed TF_CONFIG task's global rank (chief first, then workers), None for a
-    parameter server or evaluator."""
-    from .sources.tfconfig import task_rank
-
-    return task_rank(config)
-
-
-def tf_workers(config: "dict[str, Any]") -> "list[str]":
-    """host:port of every training worker of a parsed TF_CONFIG, in rank order."""
-    from .sources.tfconfig import workers
-
-    return workers(config)
-
-
-def parse_tf_config(raw: str, name: str = "TF_CONFIG") -> "dict[str, Any]":
-    """A TF_CONFIG string parsed and checked (`DistEnvError` when malformed)."""
-    from .sources.tfconfig import parse
-
-    return parse(raw, name)
-
-
-def cluster_spec_tf_config(env: "Env") -> "dict[str, Any] | None":
-    """The TF_CONFIG equivalent of a Google Cloud CLUSTER_SPEC in `env`, or None."""
-    from .sources.gcp import tf_config
-
-    return tf_config(env)
-
-
 # -- what the resolver records -------------------------------------------------------------
-def record(env: "Env", values: "dict[str, Any]", why: "dict[str, str]", launch_per_node: bool) -> None:
-    """Set values["rank_hosts"] (a `Later`, or None) and its why, from the launch read so far.
+def record(env: "Env", values: "dict[str, Any]", why: "dict[str, str]", launch_per_node: bool,
+           sources: "Sequence[Source | None]" = ()) -> None:
+    """Set values["rank_hosts"] (a `Later`, or None) and its why, from the launch read so far:
+    the launcher's source's rule (`Source.place`), then a per-node launch's (below), then the
+    platform's.
 
     Cheap: captures the few strings a rule needs; the tuple is built on first access."""
-    launcher, size = values.get("launcher"), values.get("world_size")
-    if values.get("rank_hosts") is not None or size is None:
+    if values.get("rank_hosts") is not None or values.get("world_size") is None:
         return
-    hosts, per = values.get("hosts"), values.get("nproc_per_node")
-    if launcher == "slurm" and not launch_per_node:
-        captured = {k: env.get(k) for k in _SLURM_VARS}
-        dist = slurm_distribution(captured["SLURM_DISTRIBUTION"])
-        args = (captured, size, values.get("rank"), values.get("node_rank"))
-        values["rank_hosts"] = Later(_slurm_later, args)
-        why["rank_hosts"] = f"SLURM node list and tasks per node, placed by distribution {dist}"
-        return
-    if launcher == "tf_config" and why.get("hosts", "").startswith("TF_CONFIG"):
-        values["rank_hosts"] = Later(_tf_later, (env.get("TF_CONFIG"),))
-        why["rank_hosts"] = "TF_CONFIG cluster: chief first, then workers"
-        return
-    if hosts is None or per is None or len(hosts) * per != size:
-        return
-    platform = values.get("platform")
-    if launch_per_node or launcher in PER_NODE_PLATFORMS:
-        # The node's workers are yet to be started: node k's are ranks k*nproc .. k*nproc+nproc-1.
-        values["rank_hosts"] = Later(_repeat, (tuple(hosts), per))
-        why["rank_hosts"] = (f"{why.get('hosts')} in node order, nproc_per_node={per} each "
-                             "(workers are numbered node_rank * nproc_per_node + local_rank)")
-    elif platform == "sagemaker" and launcher == "openmpi" and why.get("hosts") == "SM_HOSTS":
-        values["rank_hosts"] = Later(_repeat, (tuple(hosts), per))
-        why["rank_hosts"] = f"SM_HOSTS in order, {per} each (SageMaker's mpirun -H host:N,...)"
-    elif platform == "azureml" and launcher in ("openmpi", "env") \
-            and why.get("hosts") == "AZ_BATCH_HOST_LIST" and values.get("master_addr") == hosts[0]:
-        values["rank_hosts"] = Later(_repeat, (tuple(hosts), per))
-        why["rank_hosts"] = (f"AZ_BATCH_HOST_LIST in order, {per} each (Azure ML starts the same "
-                             "count per node in rank order; its first host is the master node)")
+    launcher, platform = (tuple(sources) + (None, None))[:2]
+    if launcher is not None:
+        found = launcher.place(env, values, launch_per_node)
+        if found is not None:
+            values["rank_hosts"], why["rank_hosts"] = found
+            return
+    if launch_per_node:
+        found = repeated(values, f"{why.get('hosts')} in node order, nproc_per_node="
+                                 f"{values.get('nproc_per_node')} each (workers are numbered "
+                                 "node_rank * nproc_per_node + local_rank)")
+        if found is not None:
+            values["rank_hosts"], why["rank_hosts"] = found
+            return
+    if platform is not None and platform is not launcher:
+        found = platform.place(env, values, launch_per_node)
+        if found is not None:
+            values["rank_hosts"], why["rank_hosts"] = found
+
+
+def repeated(values: "dict[str, Any]", why: str) -> "tuple[Later, str] | None":
+    """Block placement over the host list: each host `nproc_per_node` times, in list order
+    (the rule of per-node launches, whose node k starts ranks k*nproc .. k*nproc+nproc-1, and
+    of platforms that start the same count per host in rank order); None when the list and
+    the counts do not add up to the world size."""
+    hosts, per, size = values.get("hosts"), values.get("nproc_per_node"), values.get("world_size")
+    if hosts is None or per is None or size is None or len(hosts) * per != size:
+        return None
+    return Later(_repeat, (tuple(hosts), per)), why
 
 
 def _repeat(hosts: "Sequence[str]", per: int) -> "tuple[tuple[str, ...], None]":
     return tuple(h for h in hosts for _ in range(per)), None
-
-
-def _slurm_later(captured: "Env", size: int, rank: "int | None", node: "int | None"
-                 ) -> "tuple[tuple[str, ...] | None, str | None]":
-    try:
-        return tuple(slurm_rank_hosts(captured, size, rank, node)), None
-    except DistEnvError as exc:
-        return None, f"unknown: {exc}"
-
-
-def _tf_later(raw: str) -> "tuple[tuple[str, ...], None]":
-    from .sources.tfconfig import parse, workers
-
-    return tuple(m.rsplit(":", 1)[0] for m in workers(parse(raw))), None

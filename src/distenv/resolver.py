@@ -90,7 +90,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     if r.values.get("hosts") is not None:
         from .placement import record
 
-        record(env, r.values, r.why, r.launch == PER_NODE)
+        record(env, r.values, r.why, r.launch == PER_NODE, (source, _platform_source(r)))
     return _build(r.values, r.why, r.notes)
 
 

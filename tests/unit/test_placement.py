@@ -11,13 +11,14 @@ import distenv
 from distenv import DistEnvError, knobs, placement, ports, resolve
 from distenv.description import Later
 from distenv.discovery import from_hostnames
+from distenv.sources import slurm
 from envs import platform
 
 
 def srun(rank, nodes, per, dist=None, nodelist=None, job="5"):
     """One task of `srun -N nodes --ntasks-per-node per` under SLURM_DISTRIBUTION `dist`."""
     size = nodes * per
-    order = placement.slurm_task_nodes([per] * nodes, "block" if dist in (None, "arbitrary") else dist)
+    order = slurm.task_nodes([per] * nodes, "block" if dist in (None, "arbitrary") else dist)
     node = order[rank]
     env = {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
            "SLURM_STEP_NUM_TASKS": str(size), "SLURM_STEP_NUM_NODES": str(nodes),
@@ -201,3 +202,23 @@ def test_core_share():
     assert knobs.core_share(2, mine={2, 3}, parent=set(range(8)))[0] == 2   # bound by the launcher
     assert knobs.core_share(4, mine=set(range(8)), parent=set(range(8)))[0] == 2  # shared
     assert knobs.core_share(4, mine={0}, parent={0})[0] == 1  # never 0
+
+
+def test_placement_code_names_no_launcher_or_platform():
+    """Every launch's placement rule lives in its Source (`Source.place`); placement.py keeps
+    the model (host files, block placement, the record loop) and names no launcher, platform
+    or launcher variable in its code (its docstring's table may)."""
+    import ast
+    import re
+
+    path = placement.__file__
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    launch_words = re.compile(r"\b(SLURM_\w*|SM_\w+|AZ_\w+|TF_CONFIG|CLUSTER_SPEC|slurm|sagemaker|"
+                              r"azureml|gcp|vertex|tf_config|openmpi|mpich|torchrun)\b")
+    found = [node.value for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and id(node) not in docstrings and launch_words.search(node.value)]
+    assert found == [], found

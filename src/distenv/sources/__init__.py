@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
+    from ..description import Later
     from ..reading import Env, Reading
 
 
@@ -99,6 +100,14 @@ class Source:
     def after(self, env: "Env", r: "Reading") -> None:
         """Run after the resolver's per-node and one-node steps, before the master is
         settled (Kubeflow: a node rank the operator gives only per pod)."""
+
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """Which host runs each global rank, where this launch proves it: a `Later` that
+        builds the tuple on first access, and its why; None when it proves nothing. Called
+        with the fields read so far (world size known) for the launcher's source, then for
+        the platform's (`distenv.placement.record`)."""
+        return None
 
     def platform(self, env: "Env") -> "str | None":
         """Platforms: the platform's name here (one source may serve several: gcp, vertex),

@@ -20,6 +20,9 @@ from ._common import block_layout
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
+    from typing import Any
+
+    from ..description import Later
     from ..reading import Env, Reading
 
 
@@ -62,6 +65,22 @@ class AzureML(Source):
         if run:
             r.default("job_id", run, "AZUREML_RUN_ID")
             r.port_key = r.port_key or "azureml:" + run
+
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """AZ_BATCH_HOST_LIST in order, the same count on each: Azure starts the same number
+        of processes per node in rank order -- proven only when the list's first host is the
+        master node Azure names (else the list's order is unproven)."""
+        if values.get("launcher") not in ("openmpi", "env"):
+            return None
+        listed = [h.strip() for h in env.get("AZ_BATCH_HOST_LIST", "").split(",") if h.strip()]
+        if not listed or list(values["hosts"]) != listed or values.get("master_addr") != listed[0]:
+            return None
+        from ..placement import repeated
+
+        per = values.get("nproc_per_node")
+        return repeated(values, f"AZ_BATCH_HOST_LIST in order, {per} each (Azure ML starts the "
+                                "same count per node in rank order; its first host is the master node)")
 
 
 SOURCE = AzureML()

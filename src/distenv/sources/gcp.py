@@ -23,6 +23,7 @@ TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TY
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..description import Later
     from ..reading import Env, Reading
 
 PRIMARY = ("master", "chief", "workerpool0")
@@ -188,6 +189,19 @@ class GoogleCloud(Source):
 
     def tf_config(self, env: "Env") -> "dict[str, Any] | None":
         return tf_config(env)  # the module's function
+
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """Started by the platform (one process per replica, replicas in CLUSTER_SPEC's
+        order, even when each is its node's only worker): node k's workers are ranks
+        k*nproc .. k*nproc+nproc-1."""
+        if values.get("launcher") not in self.names():
+            return None  # only the platform under another launcher: that one places ranks
+        from ..placement import repeated
+
+        return repeated(values, f"CLUSTER_SPEC training replicas in node order, nproc_per_node="
+                                f"{values.get('nproc_per_node')} each (workers are numbered "
+                                "node_rank * nproc_per_node + local_rank)")
 
     def platform(self, env: "Env") -> "str | None":
         spec = cluster_spec(env)

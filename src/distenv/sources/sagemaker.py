@@ -23,6 +23,7 @@ TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TY
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..description import Later
     from ..reading import Env, Reading
 
 
@@ -94,6 +95,22 @@ class SageMaker(Source):
                 r.default("num_nodes", len(names), "SM_HOSTS")
                 block_layout(r, "SageMaker's mpirun places processes_per_host ranks on each host in order")
         self._job(env, r)
+
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """SM_HOSTS in order: SageMaker started one process per host itself (node k's
+        workers are ranks k*nproc .. k*nproc+nproc-1), or ran mpirun with
+        ``-H algo-1:N,algo-2:N,...`` (block placement, N per host)."""
+        from ..placement import repeated
+
+        per = values.get("nproc_per_node")
+        if values.get("launcher") in self.names():
+            return repeated(values, f"SM_HOSTS in node order, nproc_per_node={per} each (workers "
+                                    "are numbered node_rank * nproc_per_node + local_rank)")
+        names = hosts(env)
+        if values.get("launcher") == "openmpi" and names and list(values["hosts"]) == names:
+            return repeated(values, f"SM_HOSTS in order, {per} each (SageMaker's mpirun -H host:N,...)")
+        return None
 
     @staticmethod
     def _job(env: "Env", r: "Reading") -> None:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from ..description import Later
     from ..reading import Env, Reading
 
 # Step ids of steps that are not srun tasks (batch, extern, interactive, pending...).
@@ -136,6 +137,101 @@ MIXED_FIX = ("Fix: run the script through srun in this allocation, and do not co
              "variables from another job or step into its environment.")
 
 
+# -- which host runs each task (the resolver's rank_hosts; distenv.placement) ----------------
+NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+COUNT_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+_BLOCK = ("block", "", "(null)", "unknown")
+
+
+def task_nodes(counts: "Sequence[int]", dist: str = "block", plane: "str | int | None" = None
+                     ) -> "list[int]":
+    """The node index of every task, in rank order, for SLURM's task distribution."""
+    total = sum(counts)
+    if dist in _BLOCK:
+        return [n for n, c in enumerate(counts) for _ in range(c)]
+    if dist.startswith("plane"):
+        size = plane if plane is not None else (dist.split("=", 1)[1] if "=" in dist else None)
+        try:
+            step = int(size)  # type: ignore[arg-type]  # None is the TypeError below
+        except (TypeError, ValueError):
+            raise DistEnvError("SLURM_DISTRIBUTION=plane without SLURM_DIST_PLANESIZE.") from None
+        if step < 1:
+            raise DistEnvError(f"SLURM_DIST_PLANESIZE={size} is not a positive plane size.")
+    elif dist.startswith("cyclic"):
+        step = 1
+    else:
+        raise DistEnvError(
+            f"SLURM_DISTRIBUTION={dist}: the host of each task cannot be derived. Fix: set "
+            "TF_CONFIG or DISTENV_HOSTFILE, or use block or cyclic distribution."
+        )
+    left = list(counts)
+    out: "list[int]" = []
+    while len(out) < total:
+        for n in range(len(left)):
+            take = min(step, left[n])
+            out.extend([n] * take)
+            left[n] -= take
+    return out
+
+
+def rank_hosts(env: "Env", world_size: "int | None" = None, rank: "int | None" = None,
+                     node_rank: "int | None" = None) -> "list[str]":
+    """The host of every SLURM task, in rank order, from the step's variables in `env`.
+
+    Raises `DistEnvError` saying what is missing or contradictory."""
+    from ..hostlist import expand_hostlist, expand_tasks_per_node
+
+    for var in NODELIST_VARS:
+        if env.get(var):
+            hosts = expand_hostlist(env[var], var)
+            break
+    else:
+        raise DistEnvError("SLURM does not reveal its node list (no SLURM_STEP_NODELIST).")
+    for cvar in COUNT_VARS:
+        if env.get(cvar):
+            counts = expand_tasks_per_node(env[cvar], cvar)
+            break
+    else:
+        raise DistEnvError("SLURM does not reveal its tasks per node (no SLURM_STEP_TASKS_PER_NODE).")
+    if len(counts) != len(hosts):
+        raise DistEnvError(f"{var} lists {len(hosts)} node(s) but {cvar} {len(counts)}.")
+    # The proof conditions of read(): a job-level list names the step's nodes only when it
+    # has as many; arbitrary and heterogeneous layouts are unknown.
+    step_nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
+    if var != "SLURM_STEP_NODELIST" and str(len(hosts)) != (step_nodes or "").strip():
+        raise DistEnvError(f"no SLURM_STEP_NODELIST, and {var} is not the step's node list.")
+    nodeid = env.get("SLURM_NODEID") or ""
+    gtids = env.get("SLURM_GTIDS")
+    doubt = layout_doubt(env, hosts, int(nodeid) if nodeid.isdigit() else None, counts,
+                         gtids.split(",") if gtids else None)
+    if doubt is not None:
+        raise DistEnvError(doubt[0] + ".")
+    dist = distribution(env.get("SLURM_DISTRIBUTION"))
+    order = task_nodes(counts, dist, env.get("SLURM_DIST_PLANESIZE"))
+    if world_size is not None and len(order) != world_size:
+        raise DistEnvError(f"{cvar} adds up to {len(order)} tasks but world_size={world_size}.")
+    if node_rank is not None and rank is not None and rank < len(order) and order[rank] != node_rank:
+        raise DistEnvError(
+            f"SLURM_DISTRIBUTION={dist} places rank {rank} on node {order[rank]} but "
+            f"SLURM_NODEID={node_rank}: an unusual distribution. Fix: set TF_CONFIG or "
+            "DISTENV_HOSTFILE."
+        )
+    return [hosts[n] for n in order]
+
+
+_PLACEMENT_VARS = NODELIST_VARS + COUNT_VARS + (
+    "SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_GTIDS",
+    "SLURM_HET_SIZE", "SLURM_PACK_SIZE", "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+
+
+def _later(captured: "Env", size: int, rank: "int | None", node: "int | None"
+           ) -> "tuple[tuple[str, ...] | None, str | None]":
+    try:
+        return tuple(rank_hosts(captured, size, rank, node)), None
+    except DistEnvError as exc:
+        return None, f"unknown: {exc}"
+
+
 class Slurm(Source):
     name = "slurm"
     title = "SLURM"
@@ -150,6 +246,20 @@ class Slurm(Source):
     def detect(self, env: "Env") -> bool:
         step = step_id(env)
         return step is not None and step.strip() not in NOT_TASK_STEPS and "SLURM_PROCID" in env
+
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """The step's node list and tasks per node, dealt by SLURM_DISTRIBUTION (block,
+        cyclic, plane: srun(1) --distribution); `rank_hosts` above says when it is unknown."""
+        if per_node:
+            return None
+        from ..description import Later
+
+        captured = {k: env.get(k) for k in _PLACEMENT_VARS}
+        dist = distribution(captured["SLURM_DISTRIBUTION"])
+        args = (captured, values["world_size"], values.get("rank"), values.get("node_rank"))
+        return (Later(_later, args),
+                f"SLURM node list and tasks per node, placed by distribution {dist}")
 
     def read(self, env: "Env", r: "Reading") -> None:
         from ..hostlist import expand_hostlist, expand_tasks_per_node

@@ -20,6 +20,7 @@ TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TY
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..description import Later
     from ..reading import Env, Reading
 
 CHIEFS = ("chief", "master")
@@ -88,6 +89,17 @@ class TFConfig(Source):
     prefixes = ('TF_CONFIG',)
     aliases = ("tf_config", "tensorflow")
 
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """The cluster's host:port list, chief first then workers (`task_rank`'s rule), when
+        the hosts in force are TF_CONFIG's own (checked when built: resolve() stays cheap)."""
+        from ..description import Later
+
+        if values.get("hosts") is None:
+            return None
+        return (Later(_rank_hosts, (env.get("TF_CONFIG"), tuple(values["hosts"]))),
+                "TF_CONFIG cluster: chief first, then workers")
+
     def read(self, env: "Env", r: "Reading") -> None:
         config = parse(env["TF_CONFIG"])
         task = config["task"]
@@ -126,6 +138,13 @@ class TFConfig(Source):
             r.set("nproc_per_node", counts[0], "tasks per host in TF_CONFIG")
         # Same on every task of the job, different across jobs: the cluster itself.
         r.port_key = "tf:" + ",".join(members)
+
+
+def _rank_hosts(raw: str, hosts: "tuple[str, ...]") -> "tuple[tuple[str, ...] | None, str | None]":
+    of = tuple(m.rsplit(":", 1)[0] for m in workers(parse(raw)))
+    if tuple(dict.fromkeys(of)) != hosts:  # hosts given another way (resolve(hosts=...))
+        return None, "unknown: the hosts in force are not TF_CONFIG's"
+    return of, None
 
 
 SOURCE = TFConfig()

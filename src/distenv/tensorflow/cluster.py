@@ -12,7 +12,7 @@ import os
 from .. import knobs, placement
 from ..description import PER_NODE, DistEnv
 from ..errors import DistEnvError
-from ..sources import family, source_of
+from ..sources import family, source_of, tfconfig
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -73,12 +73,12 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
 
 
 def _passthrough(raw: str, d: DistEnv) -> "dict[str, Any]":
-    config = placement.parse_tf_config(raw)
+    config = tfconfig.parse(raw)
     if family(d.launcher) != "tensorflow":  # TF_CONFIG is not the launch: check it agrees
-        members = placement.tf_workers(config)
+        members = tfconfig.workers(config)
         task = config["task"]
         kind, index = task["type"], task.get("index", 0)
-        rank = placement.tf_task_rank(config)
+        rank = tfconfig.task_rank(config)
         if d.world_size is not None and d.launch != PER_NODE and len(members) != d.world_size:
             raise DistEnvError(
                 f"TF_CONFIG lists {len(members)} training worker(s) but {d.launcher} started "
@@ -169,9 +169,9 @@ def _bracket(host: str) -> str:
 
 def training_workers(config: "dict[str, Any]") -> "list[str]":
     """host:port of every training worker (chief first, then workers)."""
-    return placement.tf_workers(config)
+    return tfconfig.workers(config)
 
 
 def task_index(config: "dict[str, Any]") -> "int | None":
     """This task's index among the training workers (chief first), None for ps/evaluator."""
-    return placement.tf_task_rank(config)
+    return tfconfig.task_rank(config)
