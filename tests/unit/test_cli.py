@@ -274,7 +274,7 @@ RECORDED = os.path.join(ROOT, "tests", "fixtures", "launchers")
 
 
 def _recorded_envs():
-    for name in sorted(os.listdir(RECORDED)):
+    for name in sorted(n for n in os.listdir(RECORDED) if n.endswith(".json")):
         with open(os.path.join(RECORDED, name)) as f:
             data = json.load(f)
         for i, rank in enumerate(data["ranks"][:2]):
