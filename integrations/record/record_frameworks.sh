@@ -61,7 +61,7 @@ rec() {
 }
 
 [ -x "$HVD/bin/horovodrun" ] || die "$HVD/bin/horovodrun missing: bash integrations/frameworks/horovod.sh"
-[ -x "$DS/bin/deepspeed" ] || die "$DS/bin/deepspeed missing: install DeepSpeed into .venvs/deepspeed"
+[ -x "$DS/bin/deepspeed" ] || die "$DS/bin/deepspeed missing: bash integrations/frameworks/deepspeed.sh"
 V_HVD="Horovod $("$HVD/bin/python" -c 'import horovod; print(horovod.__version__)')"
 V_DS="$("$DS/bin/python" -c 'import deepspeed, torch; print(f"DeepSpeed {deepspeed.__version__}, torch {torch.__version__}")' 2>/dev/null | tail -n1)"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"

@@ -44,8 +44,8 @@ PROBE = harness.HERE / "framework_rank_probe.py"
 def _runner():
     run, py = VENV / "bin" / "deepspeed", VENV / "bin" / "python"
     if not (os.access(run, os.X_OK) and os.access(py, os.X_OK)):
-        pytest.skip("no DeepSpeed runner: .venvs/deepspeed/bin/deepspeed missing "
-                    "(integrations/frameworks: install DeepSpeed into .venvs/deepspeed)")
+        pytest.skip("no DeepSpeed runner (.venvs/deepspeed/bin/deepspeed): "
+                    "bash integrations/frameworks/deepspeed.sh")
     return run
 
 
