@@ -12,14 +12,16 @@
 #                          up, and down.sh again at the end if this script brought them up);
 #                          remote ranks start through an `ssh` on PATH that runs the fake ssh
 #
-# OUT_DIR defaults to tests/fixtures/launchers/frameworks: tests/unit/test_recorded.py replays
-# every tests/fixtures/launchers/*.json and knows no horovodrun or DeepSpeed family yet, so
-# these live one directory down; tests/integration/test_framework_recordings.py replays them.
+# OUT_DIR defaults to tests/fixtures/frameworks, beside tests/fixtures/launchers, not in it:
+# tests/unit/test_recorded.py replays every tests/fixtures/launchers/*.json and knows no
+# horovodrun or DeepSpeed family yet, and tests/unit/test_resolve.py opens every entry of that
+# folder as a file (a subfolder breaks it). tests/integration/test_framework_recordings.py
+# replays these.
 # About 20 s (the DeepSpeed runner imports torch twice before any rank starts).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/../common.sh"
-out="${1:-$DISTENV_REPO_DIR/tests/fixtures/launchers/frameworks}"
+out="${1:-$DISTENV_REPO_DIR/tests/fixtures/frameworks}"
 only="${2:-*}"
 mkdir -p "$out" "$DISTENV_RUN_DIR"
 out="$(cd "$out" && pwd)"

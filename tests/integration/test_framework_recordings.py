@@ -1,4 +1,4 @@
-"""Replay of the framework launchers' recordings: tests/fixtures/launchers/frameworks/*.json,
+"""Replay of the framework launchers' recordings: tests/fixtures/frameworks/*.json,
 written from real runs by integrations/record/record_frameworks.sh (horovodrun --gloo -np 2,
 horovodrun --gloo 2x2 on the namespace nodes, deepspeed --num_gpus 2 on CPU), in the format
 of tests/fixtures/launchers/*.json.
@@ -8,7 +8,8 @@ No launcher runs here: every rank's recorded environment goes through distenv.re
 1. The unit replay itself (tests/unit/test_recorded.py::test_recorded_job, loaded from its
    file and run unchanged) with two more families, horovodrun and deepspeed. The unit test's
    FAMILIES list knows neither, and every tests/fixtures/launchers/*.json must have a family
-   there, so these recordings sit one directory down until those two entries are added:
+   there (and tests/unit/test_resolve.py opens every entry of that folder as a file), so
+   these recordings sit beside it until those two entries are added:
    ("horovodrun", "horovodrun", "HOROVOD_LOCAL_RANK"), ("deepspeed", "deepspeed", "LOCAL_RANK").
 2. Exact values per rank, expected from the launcher's own recorded variables
    (HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*; RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_*,
@@ -22,7 +23,7 @@ import pytest
 import harness
 from distenv import DistEnvError, resolve
 
-FIXTURES = harness.REPO / "tests" / "fixtures" / "launchers" / "frameworks"
+FIXTURES = harness.REPO / "tests" / "fixtures" / "frameworks"
 FILES = sorted(FIXTURES.glob("*.json"))
 FAMILIES = [("horovodrun", "horovodrun", "HOROVOD_LOCAL_RANK"),
             ("deepspeed", "deepspeed", "LOCAL_RANK")]
