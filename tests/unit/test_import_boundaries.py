@@ -5,7 +5,9 @@
 * an adapter (distenv.torch, .lightning, .tensorflow, ...) imports from the core only the
   public API and the few shared helpers named below, and no private (``_name``) from the
   core: every resolution rule (placement, ports, knobs) lives in the core, where it is
-  tested once.
+  tested once;
+* an adapter reads no launcher variable and compares no launcher name: it branches on what the
+  launch's `Source` declares.
 """
 
 from __future__ import annotations
@@ -190,4 +192,39 @@ def test_adapters_parse_no_launcher_variable(adapter):
     launcher = tuple(p for p in prefixes() if p not in FRAMEWORK_VARIABLES)
     found = [f"{name}: {var!r}" for name, text, _ in _modules() if _under(name, (adapter,))
              for var in reads(text) if var.startswith(launcher) and var not in ALLOWED_READS]
+    assert not found, found
+
+
+#: Launcher names an adapter may compare `.launcher` with, and why.
+ALLOWED_NAMES = {"none": "the resolver's answer when no launcher started the process"}
+
+
+def launcher_comparisons(text: str):
+    """String constants a module compares an attribute named ``launcher`` with
+    (``d.launcher == "x"``, ``env.launcher in ("x", "y")``)."""
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if not any(isinstance(s, ast.Attribute) and s.attr == "launcher" for s in sides):
+            continue
+        for side in sides:
+            items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            for item in items:
+                if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                    yield item.value
+
+
+def test_launcher_comparisons_finds_names():
+    text = ('a = d.launcher == "openmpi"\nb = env.launcher in ("gcp", "vertex")\n'
+            'c = framework in ("tensorflow", "keras")\nd = "slurm" != e.launcher\n')
+    assert list(launcher_comparisons(text)) == ["openmpi", "gcp", "vertex", "slurm"]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_adapters_branch_on_declarations_not_launcher_names(adapter):
+    """Adapters ask the launch's Source what it declares (`distenv.sources.source_of`, `family`:
+    issue 21), never which launcher it is by name."""
+    found = [f"{name}: {value!r}" for name, text, _ in _modules() if _under(name, (adapter,))
+             for value in launcher_comparisons(text) if value not in ALLOWED_NAMES]
     assert not found, found
