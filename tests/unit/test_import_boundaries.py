@@ -38,7 +38,7 @@ SHARED = (
     "distenv.log",                   # the distenv logger
     "distenv._teardown",             # an orderly end of a process group at exit
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
-    "distenv.sources",               # what a launch's source declares (adapter_acts, covered)
+    "distenv.sources",               # what a launch's source declares (source_of, family, ...)
     "distenv.sources.slurm",         # SLURM's task layout, re-exported as distenv.tensorflow.slurm_task_nodes
     "distenv.sources.tfconfig",      # TF_CONFIG's own rules (parse, workers, task rank): the TF adapter
 )
