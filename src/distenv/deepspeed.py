@@ -103,6 +103,20 @@ _TBS, _MICRO, _GAS = ("train_batch_size", "train_micro_batch_size_per_gpu",
                       "gradient_accumulation_steps")
 
 
+def _quotient(tbs: int, key: str, given: int, dp: int, where: str, other: str) -> int:
+    """The batch factor the config leaves out: `tbs` / (`given` x `dp`), where `key` gave
+    `given` and `other` is the key left out; an error when it does not divide."""
+    step = given * dp
+    if tbs % step:
+        raise DistEnvError(
+            f"DeepSpeed config {_TBS}={tbs} is not a multiple of {key}={given} x {dp} "
+            f"(world size) = {step} {where}. Fix: set {_TBS} to "
+            f"{max(1, round(tbs / step)) * step} (or another multiple of "
+            f"{step}), or give {other} instead of {_TBS}."
+        )
+    return tbs // step
+
+
 def _value(config: "dict[str, Any]", key: str) -> "int | None":
     value = config.get(key)
     if value is None or value == "auto":
@@ -158,23 +172,9 @@ def check_batch_size(config: "dict[str, Any] | str | os.PathLike[str]", world_si
                 f"{dp} (world size) = {product} {where}. Fix: " + ", ".join(fixes) + "."
             )
     elif tbs is not None and micro is not None:
-        if tbs % (micro * dp):
-            raise DistEnvError(
-                f"DeepSpeed config {_TBS}={tbs} is not a multiple of {_MICRO}={micro} x {dp} "
-                f"(world size) = {micro * dp} {where}. Fix: set {_TBS} to "
-                f"{max(1, round(tbs / (micro * dp))) * micro * dp} (or another multiple of "
-                f"{micro * dp}), or give {_GAS} instead of {_TBS}."
-            )
-        gas = tbs // (micro * dp)
+        gas = _quotient(tbs, _MICRO, micro, dp, where, _GAS)
     elif tbs is not None and gas is not None:
-        if tbs % (gas * dp):
-            raise DistEnvError(
-                f"DeepSpeed config {_TBS}={tbs} is not a multiple of {_GAS}={gas} x {dp} "
-                f"(world size) = {gas * dp} {where}. Fix: set {_TBS} to "
-                f"{max(1, round(tbs / (gas * dp))) * gas * dp} (or another multiple of "
-                f"{gas * dp}), or give {_MICRO} instead of {_TBS}."
-            )
-        micro = tbs // (gas * dp)
+        micro = _quotient(tbs, _GAS, gas, dp, where, _MICRO)
     elif micro is not None:
         gas = gas or 1
         tbs = micro * gas * dp
