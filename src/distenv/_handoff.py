@@ -1,12 +1,41 @@
-"""What a launcher service's client hands the command it is about to exec (``distenv run``),
-shared by `distenv.pmi` (Hydra's PMI-1) and `distenv.pmix`: the held-service guard and the
-compact host list ``<host>*<count>,...`` (the hosts of ranks 0.. in runs)."""
+"""What the two launcher-service clients, `distenv.pmi` (Hydra's PMI-1) and `distenv.pmix`,
+share: how a call begins (this process's earlier answer, the offer, the timeout), and what
+they hand the command they are about to exec (``distenv run``): the held-service guard and
+the compact host list ``<host>*<count>,...`` (the hosts of ranks 0.. in runs)."""
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+
+
+def answered(done: "tuple[int, T] | None") -> "T | None":
+    """The answer this very process got before, or None: a service is asked once per process
+    (a forked child has another pid and asks, or is refused, on its own)."""
+    return done[1] if done is not None and done[0] == os.getpid() else None
+
+
+def begin(environ: "Mapping[str, str]", found: Any, timeout: "float | None",
+          offer: "Callable[[Mapping[str, str]], tuple[Any, str]]",
+          fail: "Callable[[str], Exception]", service: str, fix: str = "") -> "tuple[Any, float]":
+    """(the offer, the timeout) of a call: `found` if given, else `offer(environ)` -- when it
+    declines, `fail` is raised saying the `service` cannot be used and why (then `fix`) --;
+    `timeout` if given, else DISTENV_TIMEOUT's."""
+    if found is None:
+        found, why_not = offer(environ)
+        if found is None:
+            raise fail(f"the launcher's {service} cannot be used here: {why_not}.{fix}")
+    if timeout is None:
+        from .knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
+
+        timeout = wait(environ)
+    return found, timeout
 
 
 def refusal(environ: "Mapping[str, str]", var: str, pid: int) -> "str | None":

@@ -81,7 +81,7 @@ import socket
 import time
 
 from .errors import DistEnvError
-from ._handoff import decode_hosts, encode_hosts, refusal
+from ._handoff import answered, begin, decode_hosts, encode_hosts, refusal
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -374,16 +374,10 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
     in this process (the exchange runs once)."""
     global _done, _generation
     environ = os.environ if environ is None else environ
-    if _done is not None and _done[0] == os.getpid():
-        return _done[1]
-    if found is None:
-        found, why_not = offer(environ)
-        if found is None:
-            raise PMIError(f"the launcher's key-value service cannot be used here: {why_not}.")
-    if timeout is None:
-        from .knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
-
-        timeout = wait(environ)
+    earlier = answered(_done)
+    if earlier is not None:
+        return earlier
+    found, timeout = begin(environ, found, timeout, offer, PMIError, "key-value service")
     start = time.monotonic()
     deadline = start + timeout
     host = _check_value(socket.gethostname())

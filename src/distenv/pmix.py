@@ -67,7 +67,7 @@ import os
 import time
 
 from .errors import DistEnvError
-from ._handoff import decode_hosts, encode_hosts, refusal
+from ._handoff import answered, begin, decode_hosts, encode_hosts, refusal
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -491,20 +491,14 @@ def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = 
     answer. Raises `PMIxError` when the service cannot be used or answers nonsense."""
     global _done, _kept
     environ = os.environ if environ is None else environ
-    if _done is not None and _done[0] == os.getpid():
-        return _done[1]
-    if found is None:
-        found, why_not = offer(environ)
-        if found is None:
-            raise PMIxError(f"the launcher's PMIx service cannot be used here: {why_not}. "
-                            "Fix: set MASTER_ADDR (and NODE_RANK).")
+    earlier = answered(_done)
+    if earlier is not None:
+        return earlier
+    found, timeout = begin(environ, found, timeout, offer, PMIxError, "PMIx service",
+                           " Fix: set MASTER_ADDR (and NODE_RANK).")
     if not found.libs:
         raise PMIxUnavailable("no PMIx library of this launcher was found; tried: "
                         + "; ".join(found.tried) + ". Fix: set MASTER_ADDR (and NODE_RANK).")
-    if timeout is None:
-        from .knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
-
-        timeout = wait(environ)
     # An MPI of this process initialized PMIx already: its client is ours too (reference
     # counted), so the query runs here and gives back only its own init.
     mpi_has_it = bool(mapped(_read("/proc/self/maps"))) and _load(found.libs, ()).initialized()
