@@ -95,11 +95,11 @@ def machine(tmp_path, monkeypatch, no_gpus):
         "ib0\t004DD50A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
     hosts = tmp_path / "hosts"
     hosts.write_text(f"127.0.0.1 localhost\n10.213.77.11 node1\n10.213.77.12 {os.uname().nodename}\n")
-    monkeypatch.setattr(doctor, "INFINIBAND_DIR", str(ib))
-    monkeypatch.setattr(doctor, "NET_DEV", str(netdev))
-    monkeypatch.setattr(doctor, "NET_ROUTE", str(route))
-    monkeypatch.setattr(doctor, "HOSTS_FILE", str(hosts))
-    monkeypatch.setattr(doctor, "_affinity", lambda: 8)
+    monkeypatch.setattr(doctor.system, "INFINIBAND_DIR", str(ib))
+    monkeypatch.setattr(doctor.system, "NET_DEV", str(netdev))
+    monkeypatch.setattr(doctor.system, "NET_ROUTE", str(route))
+    monkeypatch.setattr(doctor.system, "HOSTS_FILE", str(hosts))
+    monkeypatch.setattr(doctor.system, "_affinity", lambda: 8)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
 
     class Machine:
@@ -282,7 +282,7 @@ def test_cpu_oversubscription(machine, monkeypatch):
     assert findings(doctor.diagnose({**OMPI_1X2, "OMP_NUM_THREADS": "4"}), "cpu", "ok")
     assert findings(doctor.diagnose({**OMPI_1X2, "OMP_NUM_THREADS": "6"}), "cpu", "warning")
     # Bound by the launcher to 1 core: threads beyond it compete.
-    monkeypatch.setattr(doctor, "_affinity", lambda: 1)
+    monkeypatch.setattr(doctor.system, "_affinity", lambda: 1)
     bound = findings(doctor.diagnose({**OMPI_1X2, "OMP_NUM_THREADS": "4"}), "cpu", "warning")
     assert bound and "OMP_NUM_THREADS=1" in bound[0]["fix"]
     # A per-node launch whose workers would share the one core it is bound to.
