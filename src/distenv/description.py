@@ -40,7 +40,8 @@ class Why(str):
     Code never tests a why's wording (rewording a message must not change behaviour); it tests
     `kind_of(why)`. A plain str has no kind (None). Kinds set today:
     DEFAULT - a fixed fallback (torch's 29500: nothing to derive a port from);
-    DERIVED - computed by distenv's own rule from an identity (a port from the job id)."""
+    DERIVED - computed by distenv's own rule from an identity (a port from the job id);
+    UNKNOWN - a launch's own rule could not prove the field (the text says why)."""
 
     __slots__ = ("kind",)
     kind: "str | None"
@@ -72,11 +73,17 @@ class Note(str):
 
 DEFAULT = "default"
 DERIVED = "derived"
+UNKNOWN = "unknown"
 
 
 def kind_of(why: "str | None") -> "str | None":
     """The kind of a provenance entry (None for plain text or no entry)."""
     return getattr(why, "kind", None)
+
+
+def unknown(reason: str) -> Why:
+    """The provenance of a field a launch's own rule could not prove: 'unknown: <reason>'."""
+    return Why(f"unknown: {reason}", UNKNOWN)
 
 
 def about(note: str) -> "str | None":

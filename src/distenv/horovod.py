@@ -33,6 +33,7 @@ import time
 from . import knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
+from .resolver import resolved
 from .sources import family, source_of
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
@@ -44,18 +45,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
 _server: "dict[str, Any]" = {}
-
-
-def _inputs(env: "DistEnv | Mapping[str, str] | None", environ: "Mapping[str, str] | None"
-            ) -> "tuple[DistEnv, Mapping[str, str]]":
-    if env is not None and not isinstance(env, DistEnv):
-        environ, env = env, None
-    src = os.environ if environ is None else environ
-    if env is None:
-        from .resolver import resolve
-
-        env = resolve(src)
-    return env, src
 
 
 def _timeout(timeout: "float | None", src: "Mapping[str, str]") -> float:
@@ -73,7 +62,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     """What `init()` will do, without Horovod: ``{"controller": "horovodrun"|"mpi"|"gloo"|
     "single", "environ": {HOROVOD_*: value}, "server": bool, "address": (host, port) | None}``.
     """
-    d, src = _inputs(env, environ)
+    d, src = resolved(env, environ)
     if d.launch == PER_NODE:
         raise DistEnvError(
             f"{d.launcher} started one process per node ({d.provenance.get('launch', 'per-node')}) "

@@ -45,6 +45,7 @@ import zlib
 from . import gpus
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
+from .resolver import resolved
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
@@ -73,18 +74,6 @@ _last: "dict[str, Any]" = {}  # the plan of the last initialize(), for inspectio
 
 
 # -- decisions (pure: unit-tested on recorded environments) ------------------------------------
-def _inputs(env: "DistEnv | Mapping[str, str] | None", environ: "Mapping[str, str] | None"
-            ) -> "tuple[DistEnv, Mapping[str, str]]":
-    if env is not None and not isinstance(env, DistEnv):
-        environ, env = env, None
-    src = os.environ if environ is None else environ
-    if env is None:
-        from .resolver import resolve
-
-        env = resolve(src)
-    return env, src
-
-
 def _because(d: DistEnv, field: str) -> str:
     why = d.provenance.get(field)
     return f" ({why})" if why else ""
@@ -199,7 +188,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     `discover`): ``{"coordinator_address", "num_processes", "process_id", "local_device_ids",
     "cuda_visible_devices", "cpu_devices", "timeout", "env", "why": {...}}``. Explicit values
     win; JAX_COORDINATOR_ADDRESS counts as explicit (JAX itself reads it)."""
-    d, src = _inputs(env, environ)
+    d, src = resolved(env, environ)
     why: "dict[str, str]" = {}
     seconds, why["timeout"] = timeouts(src, timeout)
     if discover and d.is_distributed and d.launch != PER_NODE and (
@@ -496,7 +485,7 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
     if getattr(original, "_distenv", False):  # patched: the pre-flight must not run twice
         original = original.__wrapped__
     explicit = coordinator_address is not None or num_processes is not None or process_id is not None
-    d, src = _inputs(env, None)
+    d, src = resolved(env, None)
     cluster = _defer(d, jax, explicit or local_device_ids is not None)
     if cluster is not None:
         original(**kwargs)
@@ -585,7 +574,7 @@ def patch() -> None:
         if given.pop("cluster_detection_method", None) is not None and not named:
             # The user asked for one of JAX's own detections: theirs, unchanged.
             return current(*args, **kwargs)
-        if not named and _defer(_inputs(None, None)[0], jax, False) is not None:
+        if not named and _defer(resolved(None, None)[0], jax, False) is not None:
             return current(*args, **kwargs)  # a platform JAX knows and distenv does not
         p = plan(discover=True, **named)
         _apply_devices(p, jax)

@@ -123,6 +123,16 @@ class _MappingView:
 
 
 # -- 1. which launcher ------------------------------------------------------------------
+def resolved(env: "DistEnv | Mapping[str, str] | None" = None,
+             environ: "Mapping[str, str] | None" = None) -> "tuple[DistEnv, Mapping[str, str]]":
+    """(description, environment) for an adapter called with a `DistEnv`, a mapping to
+    resolve (in `env`'s place or as `environ`), or nothing (``os.environ``)."""
+    if env is not None and not isinstance(env, DistEnv):  # a mapping to resolve
+        environ, env = env, None
+    src = os.environ if environ is None else environ
+    return (resolve(src) if env is None else env), src
+
+
 def _choose(env: "Env", forced: "str | None") -> "tuple[Source, str]":
     why_forced = f"launcher={forced!r} given to resolve()"
     if forced is None and env.get("DISTENV_LAUNCHER", "").strip():

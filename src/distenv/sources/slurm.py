@@ -49,7 +49,7 @@ whose place happens to agree cannot tell, so do not run distributed training as 
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..description import PER_PROCESS, unknown
 from ..errors import DistEnvError
 from ..reading import parse_int
 from . import Source
@@ -229,7 +229,7 @@ def _later(captured: "Env", size: int, rank: "int | None", node: "int | None"
     try:
         return tuple(rank_hosts(captured, size, rank, node)), None
     except DistEnvError as exc:
-        return None, f"unknown: {exc}"
+        return None, unknown(str(exc))
 
 
 class Slurm(Source):

@@ -11,7 +11,7 @@ master is the chief's host (rank 0). Two strings naming one machine count as two
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..description import PER_PROCESS, unknown
 from ..errors import DistEnvError
 from ..reading import parse_json, show
 from . import Source
@@ -143,7 +143,7 @@ class TFConfig(Source):
 def _rank_hosts(raw: str, hosts: "tuple[str, ...]") -> "tuple[tuple[str, ...] | None, str | None]":
     of = tuple(m.rsplit(":", 1)[0] for m in workers(parse(raw)))
     if tuple(dict.fromkeys(of)) != hosts:  # hosts given another way (resolve(hosts=...))
-        return None, "unknown: the hosts in force are not TF_CONFIG's"
+        return None, unknown("the hosts in force are not TF_CONFIG's")
     return of, None
 
 

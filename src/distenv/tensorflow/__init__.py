@@ -52,7 +52,7 @@ from __future__ import annotations
 # `distenv.placement` (through DistEnv.rank_hosts), knobs from `distenv.knobs`.
 from ..placement import parse_hostfile
 from ..sources.slurm import task_nodes as slurm_task_nodes
-from .cluster import CHIEFS, LOOPBACK, _inputs, task_index, tf_config, training_workers
+from .cluster import CHIEFS, LOOPBACK, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
 from .keras_check import keras_flavour, keras_problem, tf_initialized
 from .preflight import DEFAULT_TIMEOUT, rendezvous

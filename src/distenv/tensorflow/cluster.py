@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 
 from .. import knobs, placement
-from ..description import PER_NODE, DistEnv
+from ..description import PER_NODE, UNKNOWN, DistEnv, kind_of
 from ..errors import DistEnvError
+from ..resolver import resolved
 from ..sources import family, source_of, tfconfig
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -25,19 +26,6 @@ CHIEFS = ("chief", "master")
 
 def _environ(environ: "Mapping[str, str] | None") -> "Mapping[str, str]":
     return os.environ if environ is None else environ
-
-
-def _inputs(env: "DistEnv | Mapping[str, str] | None", environ: "Mapping[str, str] | None"
-            ) -> "tuple[DistEnv, Mapping[str, str]]":
-    """(description, environment mapping) from a DistEnv, a mapping, or nothing."""
-    if env is not None and not isinstance(env, DistEnv):  # a mapping to resolve
-        environ, env = env, None
-    src = _environ(environ)
-    if env is None:
-        from ..resolver import resolve
-
-        env = resolve(src)
-    return env, src
 
 
 def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
@@ -58,7 +46,7 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
 
     Raises `DistEnvError` naming what is missing when the hosts cannot be known.
     """
-    d, src = _inputs(env, environ)
+    d, src = resolved(env, environ)
     raw = src.get("TF_CONFIG")  # TensorFlow's own variable: validated, passed through
     if raw:
         return _passthrough(raw, d)
@@ -130,8 +118,8 @@ def _worker_hosts(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None",
     if d.rank_hosts is not None:
         return list(d.rank_hosts)
     why = d.provenance.get("rank_hosts")
-    if why and why.startswith("unknown: "):  # the launch's own rule failed: say why
-        raise DistEnvError(f"cannot build TF_CONFIG: {why[len('unknown: '):]}")
+    if why is not None and kind_of(why) == UNKNOWN:  # the launch's own rule failed: say why
+        raise DistEnvError(f"cannot build TF_CONFIG: {why.split(': ', 1)[1]}")
     raise DistEnvError(_missing(d, "which host runs each rank"))
 
 

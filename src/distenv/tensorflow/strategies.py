@@ -9,7 +9,8 @@ import sys
 from ..description import PER_NODE
 from ..errors import DistEnvError
 from ..sources import source_of
-from .cluster import CHIEFS, _inputs, task_index, tf_config, training_workers
+from ..resolver import resolved
+from .cluster import CHIEFS, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
 from .preflight import rendezvous
 
@@ -41,7 +42,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     "workers", "index", "communication": "NCCL"|"RING"|None, "cuda_visible_devices",
     "threads"}``.
     """
-    d, src = _inputs(env, environ)
+    d, src = resolved(env, environ)
     cuda, cuda_why = gpu_assignment(d, src)
     from ..gpus import visible_gpus
 
@@ -167,7 +168,7 @@ def is_chief(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     if p is not None and env is None:
         config: "dict[str, Any] | None" = p["tf_config"]
     else:
-        d, _ = _inputs(env, None)
+        d, _ = resolved(env, None)
         try:
             config = tf_config(d) if d.is_distributed else None
         except DistEnvError:
