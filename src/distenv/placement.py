@@ -8,14 +8,12 @@ asks the launcher's source, then applies the per-node rule, then asks the platfo
 ===================  ======================================================================
 launch               rule (proof)
 ===================  ======================================================================
-SLURM (srun)         node list + tasks per node placed by SLURM_DISTRIBUTION: block fills
-                     nodes in list order, cyclic deals one task per node round-robin, plane=N
-                     deals N at a time (srun(1) --distribution, SLURM's task layout code);
-                     arbitrary or unknown distributions: unknown. A layout that puts this
-                     rank on another node than SLURM_NODEID says: unknown (the variables
-                     contradict the assumed rule). Heterogeneous jobs and steps, and a
-                     job-level node list that is not the step's: unknown (the SLURM
-                     source's `layout_doubt`, measured on two nodes; docs/inferences.md).
+SLURM (srun)         the step's node list and tasks per node, dealt by its distribution:
+                     block fills nodes in list order, cyclic deals one task per node
+                     round-robin, plane=N deals N at a time (srun(1) --distribution);
+                     arbitrary or unknown distributions, a layout that contradicts this
+                     task's own node, heterogeneous steps and a job-level list that is not
+                     the step's: unknown (`distenv.sources.slurm`, docs/inferences.md).
 TF_CONFIG            the cluster's host:port list, chief first then workers (the rank rule
                      of `distenv.sources.tfconfig`).
 CLUSTER_SPEC,        per-node launches: the host list in node order, each host repeated
