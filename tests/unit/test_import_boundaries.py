@@ -228,3 +228,30 @@ def test_adapters_branch_on_declarations_not_launcher_names(adapter):
     found = [f"{name}: {value!r}" for name, text, _ in _modules() if _under(name, (adapter,))
              for value in launcher_comparisons(text) if value not in ALLOWED_NAMES]
     assert not found, found
+
+
+#: Adapters built on another adapter, with why: the only imports between adapters.
+ADAPTER_BASES = {
+    "distenv.keras": ("distenv.jax", "distenv.tensorflow"),  # Keras 3 runs on its backend's set-up
+}
+
+
+def test_no_adapter_imports_another_except_its_backend():
+    """Each adapter stands on the core alone; Keras 3, which runs on JAX or TensorFlow, uses
+    their adapters for its backend (ADAPTER_BASES)."""
+    modules = list(_modules())
+    names = {m for m, _, _ in modules}
+    found = set()
+    for name, text, is_package in modules:
+        own = next((a for a in ADAPTERS if _under(name, (a,))), None)
+        if own is None:
+            continue
+        for imported, _names in imports(name, text, is_package):
+            if imported.split(".")[0] != "distenv":
+                continue
+            target = next((a for a in ADAPTERS if _under(_known_module(imported, names), (a,))), None)
+            if target is not None and target != own:
+                found.add((own, target))
+    allowed = {(a, b) for a, bases in ADAPTER_BASES.items() for b in bases}
+    assert found - allowed == set(), sorted(found - allowed)
+    assert allowed - found == set(), f"no longer imported, remove from ADAPTER_BASES: {sorted(allowed - found)}"
