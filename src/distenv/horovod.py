@@ -1,7 +1,7 @@
 """Horovod that cannot silently split: `init()` under any launcher, then a hard check.
 
     import distenv.horovod
-    hvd = distenv.horovod.init()            # horovod.torch (framework="tensorflow" for TF)
+    hvd = distenv.horovod.init()            # horovod.torch (PyTorch only: see below)
     model = ...; opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 
 Under torchrun, or srun without an MPI plugin, `hvd.init()` quietly gives size 1 on every
@@ -14,8 +14,8 @@ rank: each process trains alone and all exit 0. `init()`:
    HOROVOD_* variables horovodrun would have set (rank, sizes, cross ranks, rendezvous
    address, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). Override with
    ``controller=`` or DISTENV_HOROVOD_CONTROLLER=mpi|gloo;
-3. pins the device by local rank (torch: `torch.cuda.set_device`; TensorFlow: one visible
-   GPU with memory growth), and sizes torch's CPU threads from this process's share;
+3. pins the device by local rank (`torch.cuda.set_device`), and sizes torch's CPU threads
+   from this process's share;
 4. calls `hvd.init()` and checks `hvd.size()` and `hvd.rank()` against the launch: a
    mismatch is a `DistEnvError`, never a silent size 1.
 
@@ -168,32 +168,22 @@ def _share_of_cores(d: DistEnv) -> int:
     return knobs.core_share(d.local_world_size)[0]
 
 
-def _framework(framework: "str | None") -> "tuple[str, Any]":
-    if framework is None:
-        if "horovod.tensorflow" in sys.modules and "horovod.torch" not in sys.modules:
-            framework = "tensorflow"
-        else:
-            framework = "torch"
-    framework = framework.lower()
-    if framework in ("torch", "pytorch"):
-        import horovod.torch as hvd
-    elif framework in ("tensorflow", "tf"):
-        import horovod.tensorflow as hvd
-    elif framework == "keras":
-        import horovod.tensorflow.keras as hvd
-    else:
-        raise ValueError(f"framework={framework!r}: use 'torch', 'tensorflow' or 'keras'")
-    return framework, hvd
+#: Why Horovod's TensorFlow and Keras modules are refused (issue 24): never built or run here.
+_TF_UNSUPPORTED = (
+    "distenv.horovod supports Horovod with PyTorch only: its TensorFlow/Keras path was never "
+    "built or tested (Horovod 0.28.1 does not build against TensorFlow >= 2.16 unpatched; "
+    "docs/frameworks/horovod.md). Fix: for TensorFlow use distenv.tensorflow.strategy() "
+    "(MultiWorkerMirroredStrategy), or call horovod.tensorflow's hvd.init() yourself.")
 
 
-def _pin_tensorflow(local_rank: int) -> None:
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        mine = gpus[local_rank % len(gpus)]
-        tf.config.experimental.set_memory_growth(mine, True)
-        tf.config.set_visible_devices(mine, "GPU")
+def _framework(framework: "str | None") -> str:
+    """The framework asked for, checked before anything is set up."""
+    framework = (framework or "torch").lower()
+    if framework in ("tensorflow", "tf", "keras"):
+        raise DistEnvError(_TF_UNSUPPORTED)
+    if framework not in ("torch", "pytorch"):
+        raise ValueError(f"framework={framework!r}: distenv.horovod supports 'torch'")
+    return "torch"
 
 
 def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | None" = None,
@@ -201,10 +191,11 @@ def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | 
          ) -> Any:
     """Initialise Horovod for this launch and return the Horovod module (``hvd``).
 
-    `framework`: "torch" (default), "tensorflow" or "keras" (which horovod module). See the
-    module docstring for what happens; raises `DistEnvError` if Horovod's size or rank
-    disagrees with the launch.
+    `framework`: "torch" (the default and the only one: "tensorflow" and "keras" raise
+    `DistEnvError`, that path being untested). See the module docstring for what happens;
+    raises `DistEnvError` if Horovod's size or rank disagrees with the launch.
     """
+    framework = _framework(framework)
     if env is None:
         # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
         # key-value service (Horovod's MPI_Init still works after it: measured with mpi4py).
@@ -222,14 +213,13 @@ def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | 
         os.environ[name] = value
     if p["controller"] == "gloo":
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(max(wait, 30))))
-    framework, hvd = _framework(framework)
+    import horovod.torch as hvd
+
     if p["controller"] == "gloo":
         host, port = p["address"]
         if p["server"]:
             _start_server(port, d)
         _wait_for(host, port, wait, d)
-    if framework in ("tensorflow", "keras") and d.local_rank is not None:
-        _pin_tensorflow(d.local_rank)
     hvd.init()
     check(hvd, d, p["controller"])
     if framework == "torch":

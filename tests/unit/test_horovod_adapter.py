@@ -221,3 +221,16 @@ def test_init_refuses_a_horovod_that_did_not_join(fake_horovod, monkeypatch):
         monkeypatch.setenv(k, v)
     with pytest.raises(DistEnvError, match="did not join the job"):
         dh.init("torch")
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "tf", "keras", "Keras"])
+def test_the_untested_tensorflow_path_is_refused_before_anything_is_set_up(framework, monkeypatch):
+    """Horovod's TensorFlow/Keras modules were never built or run here (issue 24): init()
+    refuses them with the fix, before it writes a variable or imports Horovod."""
+    monkeypatch.setitem(sys.modules, "horovod", None)  # an import would raise ImportError
+    before = dict(os.environ)
+    with pytest.raises(DistEnvError, match=r"PyTorch only.*Fix: .*distenv\.tensorflow\.strategy\(\)"):
+        dh.init(framework, env=recorded("openmpi4-np2", 0))
+    assert dict(os.environ) == before
+    with pytest.raises(ValueError, match="supports 'torch'"):
+        dh.init("mxnet", env=recorded("openmpi4-np2", 0))
