@@ -67,3 +67,20 @@ def test_a_horovod_that_does_not_join_is_an_error(request, hvd_python):
     assert run.rc != 0 and run.records == [], run.explain()
     assert errors.count("Horovod says rank 0 of size 1 but torchrun started rank") == 2, run.explain()
     assert "DISTENV_HOROVOD_CONTROLLER=gloo" in errors
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("name, controller", [("openmpi4-2nodes", "mpi"), ("slurm-2nodes", "gloo")])
+def test_two_nodes(request, hvd_python, name, controller):
+    """Horovod itself across the two namespace nodes (one rank each): MPI under mpirun (rank 0's
+    host from the launcher's PMIx service, none set by hand), Horovod's Gloo rendezvous started
+    by rank 0 under srun -N2; identical weights after hvd.allreduce-averaged training."""
+    run = train(request, hvd_python, name)
+    assert run.rc == 0 and len(run.records) == 2, run.explain()
+    a, b = run.records
+    assert [a["rank"], b["rank"]] == [0, 1] and a["size"] == b["size"] == 2, run.explain()
+    assert a["local_size"] == b["local_size"] == 1 and a["local_rank"] == b["local_rank"] == 0
+    assert a["controller"] == b["controller"] == controller
+    assert a["weights"] == b["weights"], "ranks diverged: " + run.explain()
+    hosts = {f.split(".")[0] for f, (out, _err) in run.files.items() if S.records(out, "DISTENV-HOROVOD")}
+    assert hosts == {"node1", "node2"}, run.explain()
