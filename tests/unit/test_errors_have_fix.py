@@ -31,7 +31,7 @@ PENDING: "dict[str, int]" = {
     "placement.py": 8,                  # issue 13's placement rules (host files)
     "sources/slurm.py": 8,              # SLURM's layout reasons (moved from placement.py), read
                                         # as "unknown: <reason>" in rank_hosts' provenance
-    "tensorflow/": 5,                   # distenv.tensorflow, restructured into a package
+    "tensorflow/": 3,                   # distenv.tensorflow, restructured into a package
     "sources/lightning_node.py": 1,     # Lightning's per-node variables, being written
 }
 
