@@ -74,9 +74,11 @@ def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list
                     count = int(value)
             else:
                 raise DistEnvError(f"{name} line {lineno}: {line!r} is not 'host', 'host:N' "
-                                   "or 'host slots=N'.")
+                                   "or 'host slots=N'. Fix: write one host per line in one of "
+                                   "those forms (mpirun's host file format).")
         if count == 0:
-            raise DistEnvError(f"{name} line {lineno}: {line!r} gives no slot.")
+            raise DistEnvError(f"{name} line {lineno}: {line!r} gives no slot. Fix: give every "
+                               "host at least one slot (host:N with N >= 1), or leave it out.")
         if host in hosts:  # PBS_NODEFILE style: one line per slot
             i = hosts.index(host)
             counts[i] = (counts[i] or 1) + (count or 1)
@@ -84,14 +86,17 @@ def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list
             hosts.append(host)
             counts.append(count)
     if not hosts:
-        raise DistEnvError(f"{name} lists no host.")
+        raise DistEnvError(f"{name} lists no host. Fix: list the job's hosts, one per line, "
+                           "in the order the launcher fills them.")
     return hosts, counts
 
 
 def block(hosts: "Sequence[str]", counts: "Sequence[int]", size: "int | None", why: str) -> "list[str]":
     """Ranks fill `hosts` in order, counts[i] on hosts[i] (mpirun's default by-slot map)."""
     if sum(counts) != size:
-        raise DistEnvError(f"{why} holds {sum(counts)} slot(s) but the launch has world_size={size}.")
+        raise DistEnvError(f"{why} holds {sum(counts)} slot(s) but the launch has world_size={size}. "
+                           "Fix: give each host as many slots as it runs ranks, so that they add "
+                           "up to the world size.")
     out: "list[str]" = []
     for host, count in zip(hosts, counts):
         out.extend([host] * count)
@@ -107,7 +112,8 @@ def hostfile_rank_hosts(text: str, world_size: "int | None", per_node: "int | No
         if len(hosts) * (per_node or 0) != world_size:
             raise DistEnvError(
                 f"{name} lists {len(hosts)} host(s) without slot counts and the launch "
-                f"has world_size={world_size}: give 'host:N' lines."
+                f"has world_size={world_size}. Fix: give 'host:N' lines (N ranks on each host, "
+                "in rank order)."
             )
         counts = [per_node] * len(hosts)
     filled = [1 if c is None else c for c in counts]
@@ -121,7 +127,8 @@ def read_hostfile(env: "DistEnv", path: str) -> "list[str]":
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
-        raise DistEnvError(f"DISTENV_HOSTFILE={path!r} cannot be read ({exc.strerror}).") from None
+        raise DistEnvError(f"DISTENV_HOSTFILE={path!r} cannot be read ({exc.strerror}). Fix: "
+                           "point it at a file every rank can read.") from None
     return hostfile_rank_hosts(text, env.world_size, env.nproc_per_node or env.local_world_size,
                                f"host file {path}")
 
@@ -133,10 +140,11 @@ def with_rank_hosts(env: "DistEnv", rank_hosts: "Sequence[str]", why: str) -> "D
     given = tuple(rank_hosts)
     if env.world_size is not None and len(given) != env.world_size:
         raise DistEnvError(f"{why} gives {len(given)} host(s) but world_size={env.world_size} "
-                           f"({env.provenance.get('world_size')}).")
+                           f"({env.provenance.get('world_size')}). Fix: give one host per rank.")
     if known is not None and known != given:
         raise DistEnvError(f"{why} contradicts {env.provenance.get('rank_hosts')}: "
-                           f"{_short(given)} vs {_short(known)}.")
+                           f"{_short(given)} vs {_short(known)}. Fix: correct or unset the one "
+                           "that is wrong (a host file: DISTENV_HOSTFILE).")
     if known is not None:
         return env
     from .description import DistEnv, FIELDS

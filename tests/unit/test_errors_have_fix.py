@@ -28,7 +28,6 @@ SRC = os.path.join(ROOT, "src", "distenv")
 #: without a Fix they still hold: the count may only go down (a new raise without a Fix
 #: fails). Lower it as they are converted; remove the entry at zero.
 PENDING: "dict[str, int]" = {
-    "placement.py": 8,                  # issue 13's placement rules (host files)
     "sources/slurm.py": 8,              # SLURM's layout reasons (moved from placement.py), read
                                         # as "unknown: <reason>" in rank_hosts' provenance
     "tensorflow/": 3,                   # distenv.tensorflow, restructured into a package
