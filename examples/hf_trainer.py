@@ -10,7 +10,10 @@ the Hugging Face Trainer. Runs unchanged under any launcher:
 
 Rank 0 prints one JSON line: {"world_size", "final_loss", "checksum", "steps_per_epoch", ...}.
 Options: any TrainingArguments flag (``--num_train_epochs 3``, ``--use_cpu``, ...), plus
-``--samples N`` and ``--seq-len N`` (the dataset), ``--report`` (every rank prints its own
+``--samples N`` and ``--seq-len N`` (the dataset), ``--dropout P`` (GPT-2's dropout
+probabilities, default 0.1 as GPT2Config's; ``--dropout 0`` makes a run's result depend
+only on the global batches, so a 2-rank run can be compared with one process taking the
+2-rank global batch: tests/e2e), ``--report`` (every rank prints its own
 line, prefixed ``DISTENV-PROBE ``, for tests) and ``--no-distenv`` (skip
 `distenv.transformers.patch()`, to see what goes wrong without it).
 
@@ -57,6 +60,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer
 class DataArguments:
     samples: int = 64
     seq_len: int = 16
+    dropout: float = 0.1   # GPT2Config's default for resid_pdrop, embd_pdrop and attn_pdrop
 
 
 class Counting(torch.utils.data.Dataset):
@@ -97,7 +101,8 @@ def main() -> int:
 
     set_seed(args.seed)
     config = GPT2Config(vocab_size=64, n_positions=data_args.seq_len, n_embd=32, n_layer=2,
-                        n_head=2, bos_token_id=0, eos_token_id=0)
+                        n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=data_args.dropout,
+                        embd_pdrop=data_args.dropout, attn_pdrop=data_args.dropout)
     model = GPT2LMHeadModel(config)
     dataset = Counting(data_args.samples, data_args.seq_len, config.vocab_size)
     callbacks = [distenv.transformers.DistEnvCallback()] if USE_DISTENV else []

@@ -7,6 +7,15 @@ DistributedDataParallel, the same weights on both ranks after training, and an e
 half the steps one process takes. Nobody passes use_cpu=True: on this machine without
 accelerators the run must be distributed anyway.
 
+Two ranks that each trained alone would agree with each other too, so the 2-rank runs are
+also compared with a one-process reference (`assert_equals_one_process`, one run per venv):
+plain `python`, per-device batch 2 x 4, the same seed. Accelerate's seedable sampler draws
+the same permutation in both, and its batch sharding gives rank r batches r, r+2, ... of
+it, so each global batch of the 2-rank run is one batch of the reference; the runs use
+`--dropout 0` (dropout masks are drawn per process). The weights and the loss must match
+within float rounding. A process training alone on the per-rank batch 4 (what each rank
+does without distenv, test_t5_baseline_without_use_cpu_every_rank_trains_alone) must not.
+
 Baselines of issue 5 (measured with Transformers 5), each a test that shows the failure
 without distenv and the same launch passing with it:
 - mpirun: TrainingArguments fails (Accelerate maps the Open MPI ranks, no MASTER_ADDR);
@@ -17,16 +26,26 @@ without distenv and the same launch passing with it:
 """
 from __future__ import annotations
 
+import math
 import subprocess
 
 import pytest
 
 from framework_runs import (CACHE, REPO, TIMEOUT, concurrently, launch_example, layout,
-                            need_launcher, steps, venv_python)
+                            need_launcher, run_python, steps, venv_python)
 
 SCRIPT = "hf_trainer.py"
 SAMPLES, BATCH = 32, 4
-ARGS = ["--samples", str(SAMPLES), "--num_train_epochs", "1", "--logging_steps", "2"]
+ARGS = ["--samples", str(SAMPLES), "--num_train_epochs", "1", "--logging_steps", "2",
+        "--dropout", "0"]
+#: A 2-rank run against the one-process reference: |param_sum difference| and the loss.
+#: Measured here (torchrun; Transformers 5.24 and 4.57 gave the same numbers): param_sum
+#: 161.7517108 vs 161.7517151 (4.3e-6 apart: gradients averaged over ranks by gloo vs one
+#: mean over the 8 sequences, then AdamW), the loss 3.793182 in both; one process on the
+#: per-rank batch: 162.2968 (0.545 away) and loss 3.698896. 1e-3 is 230x the first, 1/545
+#: of the second.
+PARAM_TOL = 1e-3
+LOSS_REL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +73,37 @@ def assert_really_distributed(run, major=None):
         assert r0["transformers"].startswith(f"{major}."), r0["transformers"]
 
 
+def reference(py):
+    """One plain `python` process on the 2-rank global batch (per-device batch 2 x BATCH),
+    cached per venv: the result a really distributed 2-rank run must reach."""
+    def make():
+        return run_python(py, SCRIPT, ARGS + ["--per_device_train_batch_size", str(2 * BATCH)])
+
+    run = CACHE.get((py, "python", "reference"), make)
+    assert run.rc == 0 and len(run.records) == 1, run.explain()
+    ref = run.records[0]
+    assert ref["world_size"] == 1 and ref["steps_per_epoch"] == steps(SAMPLES, 2 * BATCH, 1), ref
+    return ref
+
+
+def assert_equals_one_process(record, ref):
+    """A rank's result is the reference's: weights within PARAM_TOL (their sum), the loss
+    within LOSS_REL, the same number of optimizer steps (weights first: the baseline below
+    checks that they alone tell a lone rank apart)."""
+    assert abs(record["param_sum"] - ref["param_sum"]) <= PARAM_TOL, (
+        f"weights differ from one process on the global batch: param_sum {record['param_sum']!r} "
+        f"vs {ref['param_sum']!r}")
+    assert math.isclose(record["final_loss"], ref["final_loss"], rel_tol=LOSS_REL), (
+        f"loss {record['final_loss']} vs one process on the global batch {ref['final_loss']}")
+    assert record["global_step"] == ref["global_step"], (record["global_step"], ref["global_step"])
+
+
+def assert_matches_reference(run, py):
+    ref = reference(py)
+    for record in run.records:
+        assert_equals_one_process(record, ref)
+
+
 def distenv_run(request, py, launcher, args=()):
     lay = layout(py, launcher)
     need_launcher(request, lay)
@@ -79,6 +129,8 @@ def test_t5_openmpi_two_concurrent_jobs_both_finish(request, t5):
     a, b = openmpi_pair(request, t5)
     assert_really_distributed(a, 5)
     assert_really_distributed(b, 5)
+    assert_matches_reference(a, t5)
+    assert_matches_reference(b, t5)
     assert {tuple(r["local_rank_args"]) for r in a.records} == {("--local_rank=",)}
     ports = {a.records[0]["master_port"], b.records[0]["master_port"]}
     assert len(ports) == 2, f"both jobs used port {ports}"
@@ -86,7 +138,9 @@ def test_t5_openmpi_two_concurrent_jobs_both_finish(request, t5):
 
 @pytest.mark.parametrize("launcher", ["slurm", "torchrun"])
 def test_t5_trainer_really_distributed(request, t5, launcher):
-    assert_really_distributed(distenv_run(request, t5, launcher), 5)
+    run = distenv_run(request, t5, launcher)
+    assert_really_distributed(run, 5)
+    assert_matches_reference(run, t5)
 
 
 def test_t5_baseline_mpirun_fails_in_training_arguments(request, t5):
@@ -112,8 +166,15 @@ def test_t5_baseline_without_use_cpu_every_rank_trains_alone(request, t5):
     assert {r["steps_per_epoch"] for r in bare.records} == {steps(SAMPLES, BATCH, 1)}
     with pytest.raises(AssertionError):
         assert_really_distributed(bare)
+    # Each lone rank trained on batches of 4: the one-process reference on the global batch
+    # of 8 tells that apart by the weights, where the two lone ranks agree with each other.
+    assert bare.records[0]["checksum"] == bare.records[1]["checksum"], bare.explain()
+    for record in bare.records:
+        with pytest.raises(AssertionError, match="weights differ"):
+            assert_equals_one_process(record, reference(t5))
     fixed = distenv_run(request, t5, "torchrun")
     assert_really_distributed(fixed, 5)
+    assert_matches_reference(fixed, t5)
     # The shorter epoch, against the one-process epoch just measured.
     assert fixed.records[0]["steps_per_epoch"] < bare.records[0]["steps_per_epoch"]
 
@@ -150,6 +211,7 @@ def test_t4_trainer_really_distributed(request, t4, launcher):
     `python -m torch.distributed.launch`, which passes `--local-rank=N` (hyphen)."""
     run = distenv_run(request, t4, launcher)
     assert_really_distributed(run, 4)
+    assert_matches_reference(run, t4)
     if launcher == "torch-launch":
         assert [r["local_rank_args"] for r in run.records] == [["--local-rank=0"], ["--local-rank=1"]]
 
