@@ -172,6 +172,39 @@ def test_rank_0_reads_all_the_others_read_one_summary(need, tmp_path, launcher, 
     assert len(ports) == 1 and 20000 <= ports.pop() < 30000, records
 
 
+DISCOVER = r"""
+import json, os, socket
+import distenv
+before = distenv.resolve()
+env = distenv.discover(method="pmi")
+print("DISTENV-PROBE " + json.dumps({"rank": env.rank, "host": socket.gethostname(),
+      "truth": int(os.environ.get("PMI_RANK", os.environ.get("PMI_ID", "-1"))),
+      "before": before.to_dict(), "env": env.to_dict(),
+      "why": dict(env.provenance)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher,mode", [("mpich4", "fd"), ("mpich5", "port")],
+                         ids=["mpich4-fd", "mpich5-port"])
+def test_discover_method_pmi_fills_every_field(need, launcher, mode):
+    """The public `distenv.discover(method="pmi")` on every rank, rank 0 on node2: what the
+    environment left unknown (rank 0's host, this node's rank, every rank's host; under
+    -pmi-port the world size too) comes from Hydra's service and equals where the ranks run."""
+    lay = need(layout(launcher, mode))
+    records, result = ranks_of(lay, [harness.PY, "-c", DISCOVER], timeout=120)
+    assert result["rc"] == 0 and [r["rank"] for r in records] == [0, 1, 2, 3], records
+    for r in records:
+        e, before = r["env"], r["before"]
+        assert r["rank"] == r["truth"] and r["host"] == EXPECT_HOSTS[r["rank"]], r
+        assert before["master_addr"] is None and before["rank_hosts"] is None, r
+        assert e["world_size"] == 4 and e["num_nodes"] == 2 and e["local_world_size"] == 2, r
+        assert e["hosts"] == ["node2", "node1"] and e["rank_hosts"] == EXPECT_HOSTS, r
+        assert e["node_rank"] == ["node2", "node1"].index(r["host"]), r
+        assert e["master_addr"] == "node2", r
+        assert "key-value" in r["why"]["rank_hosts"] and "key-value" in r["why"]["master_addr"], r
+    assert len({r["env"]["master_port"] for r in records}) == 1, records
+
+
 @pytest.mark.parametrize("mode", ["fd", "port"])
 def test_a_rank_that_never_comes_is_named_within_the_timeout(need, tmp_path, mode):
     """Rank 1 (node2, with rank 0) exits before the exchange. Hydra publishes a node's keys
