@@ -178,6 +178,7 @@ def _pbs(run: Run, work: Path):
     # As PBS writes it: each node once per mpiprocs (2 for per-process, 1 for per-node).
     nodefile.write_text("node1\nnode2\n" if per_node else "node1\nnode1\nnode2\nnode2\n")
     env = _base_env(_mpi_bin(work, run.mpi, "mpiexec"))
+    _own_ompi_session_dir(env, work)
     # The scripts derive MASTER_PORT from the job number: distinct for runs that overlap.
     env.update(PBS_NODEFILE=str(nodefile), PBS_JOBID=f"{JOB_BASE + list(RUNS).index(run.name)}.pbs-test",
                PBS_O_WORKDIR=str(REPO), TRAIN=shlex.join(_probe(work)))
@@ -202,6 +203,7 @@ def _mpijob(run: Run, work: Path):
     slots = doc["spec"]["slotsPerWorker"]
     hostfile.write_text(f"node1 slots={slots}\nnode2 slots={slots}\n")  # as mpi-operator writes it
     env = _base_env(_mpi_bin(work, run.mpi, "mpirun"))
+    _own_ompi_session_dir(env, work)
     env["OMPI_MCA_orte_default_hostfile"] = str(hostfile)
     return _on_node1(["bash", "-c", script], env, work)
 
@@ -274,6 +276,18 @@ def real_runs(request):
     for name, res in results.items():
         if isinstance(res, dict) and res.get("passed"):
             shutil.rmtree(res["work"], ignore_errors=True)
+
+
+def _own_ompi_session_dir(env: dict, work: Path) -> None:
+    """Each run's Open MPI 4 session directories under its own work dir (mpirun passes the
+    variable to its daemons). Open MPI 4's daemons create /tmp/ompi.<host>.<uid> when it is
+    missing and remove it when a job leaves it empty, and the nodes share /tmp: the runs
+    below, started together, raced on it (measured once: "A call to mkdir was unable to
+    create ... /tmp/ompi.node2.0 ... File exists", orte_init failed)."""
+    base = work / "ompi"
+    base.mkdir(exist_ok=True)
+    os.chmod(base, 0o755)
+    env["OMPI_MCA_orte_tmpdir_base"] = str(base)
 
 
 def _describe(run: Run, res: dict) -> str:
