@@ -61,6 +61,19 @@ COLLECT = REPO / "integrations" / "record" / "collect.py"
 CLUSTER = REPO / "integrations" / "cluster"
 ON_NODE = str(CLUSTER / "on-node")
 FAKESSH = str(CLUSTER / "fakessh")
+
+
+def ssh_on_path(folder):
+    """A directory (made in `folder`) whose `ssh` runs the fake ssh, to put first on PATH for
+    launchers that call plain `ssh` (horovodrun, the DeepSpeed runner) to reach the namespace
+    nodes; a symlink would not do: fakessh finds its siblings from $0."""
+    from pathlib import Path
+
+    d = Path(folder) / "sshbin"
+    d.mkdir()
+    (d / "ssh").write_text(f'#!/bin/sh\nexec {FAKESSH} "$@"\n')
+    (d / "ssh").chmod(0o755)
+    return d
 NET = "10.213.77.0/24"
 NODE_IP = {"node1": "10.213.77.11", "node2": "10.213.77.12"}
 NODES = ("node1", "node2")

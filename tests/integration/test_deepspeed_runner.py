@@ -103,15 +103,6 @@ def test_deepspeed_runner_one_node(tmp_path):
         assert r["dist_rank"] == d["rank"] and r["world"] == 2 and r["sum"] == 3.0, r
 
 
-def _ssh_on_path(tmp_path):
-    """The runner calls `ssh` from PATH (runner.py: `ssh -o PasswordAuthentication=no HOST
-    hostname`, then `ssh HOST hostname -I`): a directory whose `ssh` runs the fake ssh."""
-    d = tmp_path / "sshbin"
-    d.mkdir()
-    (d / "ssh").write_text(f'#!/bin/sh\nexec {harness.FAKESSH} "$@"\n')
-    (d / "ssh").chmod(0o755)
-    return d
-
 
 @pytest.mark.cluster
 def test_deepspeed_runner_openmpi_two_nodes(cluster, tmp_path):
@@ -121,7 +112,9 @@ def test_deepspeed_runner_openmpi_two_nodes(cluster, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
     env = _env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env["PATH"] = f"{_ssh_on_path(tmp_path)}:{env.get('PATH', '/usr/bin:/bin')}"
+    # The runner calls `ssh` from PATH (runner.py: `ssh -o PasswordAuthentication=no HOST
+    # hostname`, then `ssh HOST hostname -I`).
+    env["PATH"] = f"{harness.ssh_on_path(tmp_path)}:{env.get('PATH', '/usr/bin:/bin')}"
     mpi_args = (f"--mca plm_rsh_agent {harness.FAKESSH} --mca oob_tcp_if_include {harness.NET} "
                 f"--mca btl_tcp_if_include {harness.NET}")
     argv = ["timeout", "-k", "5", "150", harness.ON_NODE, "node1", run, "--hostfile", hostfile,

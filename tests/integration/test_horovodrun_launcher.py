@@ -67,18 +67,6 @@ FRAMEWORK_PROBE = harness.HERE / "framework_rank_probe.py"
 H_ORDER = ("node1", "node2")  # the -H order: horovodrun deals ranks host by host in it
 
 
-def _ssh_on_path(tmp_path):
-    """horovodrun runs `ssh` from PATH (horovod/runner/util/remote.py: `ssh -o
-    PasswordAuthentication=no -o StrictHostKeyChecking=no HOST ... 'cd DIR; env VARS CMD'`),
-    first to check every remote host (`ssh HOST true`), then once per remote rank. A
-    directory with an `ssh` that runs integrations/cluster/fakessh, first on PATH, makes it
-    reach the namespace nodes (a symlink would not do: fakessh finds its siblings from $0)."""
-    d = tmp_path / "sshbin"
-    d.mkdir()
-    (d / "ssh").write_text(f'#!/bin/sh\nexec {harness.FAKESSH} "$@"\n')
-    (d / "ssh").chmod(0o755)
-    return d
-
 
 @pytest.mark.cluster
 def test_real_horovodrun_gloo_two_nodes(cluster, tmp_path):
@@ -97,7 +85,9 @@ def test_real_horovodrun_gloo_two_nodes(cluster, tmp_path):
     env = harness.clean_env({"PYTHONUNBUFFERED": "1", "DISTENV_TIMEOUT": "90",
                              "MASTER_ADDR": "node1"})
     env.pop("PYTHONPATH", None)
-    env["PATH"] = f"{_ssh_on_path(tmp_path)}:{env.get('PATH', '/usr/bin:/bin')}"
+    # horovodrun runs `ssh` from PATH (horovod/runner/util/remote.py), first to check every
+    # remote host, then once per remote rank.
+    env["PATH"] = f"{harness.ssh_on_path(tmp_path)}:{env.get('PATH', '/usr/bin:/bin')}"
     # --network-interfaces: the nodes' interface (integrations/cluster/env.sh CLUSTER_IF);
     # without it horovodrun starts its own task services over ssh to find common ones.
     argv = ["timeout", "-k", "5", "150", harness.ON_NODE, "node1", str(run), "--gloo",
