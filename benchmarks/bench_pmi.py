@@ -71,6 +71,17 @@ def launcher(name: str, lib_dir: Path) -> "tuple[list[str], dict]":
     return [str(L / "impi" / "bin" / "mpiexec.hydra")], env
 
 
+def marked(text: str, mark: str) -> list:
+    """The JSON records printed after `mark` in `text` (the ranks' lines may be glued)."""
+    records, i, dec = [], 0, json.JSONDecoder()
+    while True:
+        i = text.find(mark, i)
+        if i < 0:
+            return records
+        obj, i = dec.raw_decode(text, i + len(mark))
+        records.append(obj)
+
+
 def cost(records, key) -> float:
     """Last entry to last exit, in seconds."""
     return max(r[key][1] for r in records) - max(r[key][0] for r in records)
@@ -82,16 +93,7 @@ def one_run(argv, env, np_, pmi_port, src=None) -> dict:
     cmd = ["timeout", "-k", "5", "600", *argv, "-np", str(np_), *(["-pmi-port"] if pmi_port else []),
            sys.executable, "-c", RANK, MARK]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
-    records = []
-    text = p.stdout
-    i = 0
-    dec = json.JSONDecoder()
-    while True:
-        i = text.find(MARK, i)
-        if i < 0:
-            break
-        obj, i = dec.raw_decode(text, i + len(MARK))
-        records.append(obj)
+    records = marked(p.stdout, MARK)
     if p.returncode != 0 or len(records) != np_:
         raise SystemExit(f"run failed (exit {p.returncode}, {len(records)} of {np_} ranks):\n"
                          f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}")

@@ -18,13 +18,13 @@ fails in about 1% of jobs (the open issue there): a failed run is printed and ru
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from bench_pmi import cost, marked  # this folder: the same measure and record parsing
 
 REPO = Path(__file__).resolve().parents[1]
 L = Path(os.environ.get("DISTENV_LAUNCHERS_DIR", "/opt/distenv-launchers"))
@@ -55,11 +55,6 @@ sys.stdout.flush()
 '''
 
 
-def cost(records, key) -> float:
-    """Last entry to last exit, in seconds."""
-    return max(r[key][1] for r in records) - max(r[key][0] for r in records)
-
-
 def one_run(launcher: str, np_: int) -> "dict | str":
     """The run's figures, or why it failed."""
     argv, libmpi = LAUNCHERS[launcher]
@@ -70,14 +65,7 @@ def one_run(launcher: str, np_: int) -> "dict | str":
     cmd = ["timeout", "-k", "5", "600", *argv, "--allow-run-as-root", "--oversubscribe",
            "-x", "PYTHONPATH", "-np", str(np_), sys.executable, "-c", RANK, MARK, libmpi]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
-    records = []
-    text, i, dec = p.stdout, 0, json.JSONDecoder()
-    while True:
-        i = text.find(MARK, i)
-        if i < 0:
-            break
-        obj, i = dec.raw_decode(text, i + len(MARK))
-        records.append(obj)
+    records = marked(p.stdout, MARK)
     want = np_ * (np_ + 1) // 2
     if p.returncode != 0 or len(records) != np_ or any(
             (r["size"], r["hosts"], r["sum"], r["init_rc"]) != (np_, np_, want, 0) for r in records):
