@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from .description import DistEnv
 
 #: The fix when the host of every rank is unknown.
-PLACEMENT_FIX = ("Fix: run it as every rank of a launcher whose service distenv asks (Open MPI "
-                 "mpirun, MPICH or Intel MPI mpiexec, srun --mpi=pmix), or set DISTENV_HOSTFILE "
-                 "to a file of 'host:N' lines in rank order (N processes each).")
+PLACEMENT_FIX = ("Fix: run it as every rank of a launch that offers a PMIx or PMI-1 service "
+                 "(docs/discovery.md lists the launchers), or set DISTENV_HOSTFILE to a file of "
+                 "'host:N' lines in rank order (N processes each).")
 #: Rank runs shown per node before the list is cut (a cyclic layout on many nodes).
 MAX_RUNS = 6
 
@@ -222,8 +222,8 @@ def _per_node(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
         nodes[-1].rank0 = k == 0  # worker 0 is node 0's first
     if hosts is None and (count is None or count > 1):
         unknown.append("the other nodes' hosts (a per-node launch names only its own). Fix: run "
-                       "it as every node's process under a launcher distenv can ask (mpirun, "
-                       "mpiexec -ppn 1, srun --mpi=pmix).")
+                       "it as every node's process of a launch that offers a PMIx or PMI-1 "
+                       "service, one process per node (docs/discovery.md lists the launchers).")
     if per is None:
         unknown.append(f"nproc_per_node ({env.provenance.get('nproc_per_node', 'not revealed')}). "
                        "Fix: set DISTENV_NPROC_PER_NODE (the workers each node starts).")
