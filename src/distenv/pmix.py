@@ -41,12 +41,13 @@ by server (measured, LAUNCHERS.md section 7, and `tests/integration/test_pmix_di
   ends with ``os._exit`` after the query never finalizes, and mpirun exits 1 (measured).
 * Open MPI 5 (PRRTE, PMIx 5): a client kept open makes MPI_Init fail ("local rank ... Not
   found (-13)"), one finalized in this process makes it crash ("double free"). A child
-  process that queries and finalizes leaves MPI_Init in the parent working -- almost always:
-  6 of 428 4-rank jobs hung or crashed in MPI_Init, 0 of 250 without the query (open issue,
-  docs/discovery.md). So the query
+  process that queries and finalizes leaves MPI_Init in the parent working. So the query
   runs in a fresh interpreter (``mode="child"``, started with ``subprocess``: no fork of a
   threaded parent) and nothing of PMIx is ever loaded here. The same for SLURM and any other
-  server.
+  server. The child reaches a TCP server through `distenv.pmix_relay`, which holds the
+  server's end of that connection until this process ends: without it, about 1 job in 100
+  hung in MPI_Init (PMIx 5.0's server can count a finalized client whose close arrives early
+  as a lost rank; the relay's docstring and docs/discovery.md give the evidence).
 
 Guards (a client that is not the rank would speak for it): only a process the PMIx server
 started itself -- its parent is the daemon (`SERVERS`: ``orted``, ``mpirun``/``orterun``/
@@ -68,6 +69,7 @@ import time
 
 from .errors import DistEnvError
 from ._handoff import answered, begin, decode_hosts, encode_hosts, refusal
+from .pmix_relay import open_relay
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -127,12 +129,15 @@ class Offer:
 class Placement:
     """What the service said: ``hosts[r]`` is rank r's host name."""
 
-    __slots__ = ("rank", "size", "hosts", "nspace", "lib", "version", "mode", "seconds")
+    __slots__ = ("rank", "size", "hosts", "nspace", "lib", "version", "mode", "seconds",
+                 "relayed")
 
     def __init__(self, rank: int, size: int, hosts: "list[str]", nspace: str, lib: str,
-                 version: str, mode: str, seconds: float) -> None:
+                 version: str, mode: str, seconds: float, relayed: bool = False) -> None:
         self.rank, self.size, self.hosts, self.nspace = rank, size, hosts, nspace
         self.lib, self.version, self.mode, self.seconds = lib, version, mode, seconds
+        #: The child's connection went through `distenv.pmix_relay` (held until exit).
+        self.relayed = relayed
 
     def __repr__(self) -> str:
         return f"Placement(rank={self.rank}, size={self.size}, hosts={self.hosts!r}, lib={self.lib!r})"
@@ -456,16 +461,27 @@ def _in_child(found: Offer, timeout: float) -> Placement:
     # -S -E -s: a bare interpreter (nothing from site or PYTHON* runs before the query);
     # distenv is found through `src`. The environment (PMIX_*) is this process's.
     argv = [sys.executable, "-S", "-E", "-s", "-c", _CHILD, src, *found.libs]
+    # Through a relay that holds the server's end of the child's connection until this
+    # process ends: a close that overtakes the server's "finalized" mark makes it count
+    # this rank as lost, and MPI_Init here would hang (pmix_relay explains).
+    relay = open_relay(os.environ)
+    env = None if relay is None else {**os.environ, **relay.env}
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
+                           stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:
+        if relay is not None:
+            relay.stop(drop=True)
         raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
                         "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
                         "MASTER_ADDR.") from None
     except OSError as exc:  # no interpreter to start (embedded Python): nothing to ask with
+        if relay is not None:
+            relay.stop(drop=True)
         raise PMIxUnavailable(f"could not start the PMIx query process {sys.executable!r} "
                               f"({exc}). Fix: set MASTER_ADDR (and NODE_RANK).") from None
+    if relay is not None:
+        relay.stop()
     lines = p.stdout.strip().splitlines()
     try:
         got = json.loads(lines[-1]) if lines else None
@@ -481,7 +497,7 @@ def _in_child(found: Offer, timeout: float) -> Placement:
         raise error(str(got["error"]) + (f" (also looked at: {tried})" if tried else ""))
     return Placement(int(got["rank"]), int(got["size"]), [str(h) for h in got["hosts"]],
                      str(got["nspace"]), str(got["lib"]), str(got["version"]), "child",
-                     time.monotonic() - start)
+                     time.monotonic() - start, relay is not None)
 
 
 def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None,

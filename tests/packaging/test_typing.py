@@ -51,6 +51,7 @@ TYPED = (
     "placement.py",
     "pmi.py",
     "pmix.py",
+    "pmix_relay.py",
     "ports.py",
     "reading.py",
     "redact.py",
