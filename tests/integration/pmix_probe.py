@@ -18,6 +18,10 @@
     pmix_probe.py deepspeed         distenv.deepspeed.prepare(): the variables it exports
     pmix_probe.py after-run         the command `distenv run` exec'ed: what it was given, and
                                     that it completes without asking the server again
+    pmix_probe.py dead-child LIBMPI distenv.pmix's child query, but the child exits without
+                                    PMIx_Finalize (the server counts it a dead rank, as when its
+                                    close overtakes the "finalized" mark), through the relay
+                                    unless DISTENV_PMIX_RELAY=0; then the same MPI job
 """
 from __future__ import annotations
 
@@ -93,7 +97,8 @@ def discover_mode(libmpi: str) -> None:
     record = {"truth": truth(), "had_master_env": had_master,
               "before": before.to_dict(),
               "env": env.to_dict(), "why": dict(env.provenance), "seconds": took,
-              "mode": answer.mode, "lib": answer.lib, "version": answer.version}
+              "mode": answer.mode, "relayed": getattr(answer, "relayed", None), "lib": answer.lib,
+              "version": answer.version}
     record["mpi"] = mpi_job(libmpi) if libmpi != "none" else None
     emit(record)
 
@@ -256,6 +261,37 @@ def after_run() -> None:
                                             "RANK", "LOCAL_RANK")}})
 
 
+#: The child of dead-child: pmix's own query, then an exit that skips PMIx_Finalize.
+DEAD_CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from distenv import pmix
+lib = pmix._load(sys.argv[2:], [])
+lib.init()
+print(json.dumps(pmix._query(lib)[2]))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def dead_child(libmpi: str) -> None:
+    from distenv import pmix, pmix_relay
+
+    found, why = pmix.offer()
+    assert found is not None, why
+    relay = pmix_relay.open_relay(os.environ)  # None with DISTENV_PMIX_RELAY=0
+    env = None if relay is None else {**os.environ, **relay.env}
+    src = os.path.dirname(os.path.dirname(pmix.__file__))
+    p = subprocess.run([sys.executable, "-S", "-E", "-s", "-c", DEAD_CHILD, src, *found.libs],
+                       env=env, capture_output=True, text=True, timeout=120)
+    if relay is not None:
+        relay.stop()
+    hosts = json.loads(p.stdout.strip().splitlines()[-1])
+    time.sleep(0.5)  # the server has handled whatever close it saw
+    emit({"truth": truth(), "relayed": relay is not None, "child_hosts": hosts,
+          "mpi": mpi_job(libmpi)})
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "discover":
@@ -276,5 +312,7 @@ if __name__ == "__main__":
         plain_torch()
     elif mode == "after-run":
         after_run()
+    elif mode == "dead-child":
+        dead_child(sys.argv[2])
     else:
         sys.exit(f"unknown mode {mode}")
