@@ -27,12 +27,7 @@ SRC = os.path.join(ROOT, "src", "distenv")
 #: Files being written or restructured by other changes right now, with the number of raises
 #: without a Fix they still hold: the count may only go down (a new raise without a Fix
 #: fails). Lower it as they are converted; remove the entry at zero.
-PENDING: "dict[str, int]" = {
-    "sources/slurm.py": 8,              # SLURM's layout reasons (moved from placement.py), read
-                                        # as "unknown: <reason>" in rank_hosts' provenance
-    "tensorflow/": 3,                   # distenv.tensorflow, restructured into a package
-    "sources/lightning_node.py": 1,     # Lightning's per-node variables, being written
-}
+PENDING: "dict[str, int]" = {}
 
 
 def _functions_with_fix(trees) -> set:

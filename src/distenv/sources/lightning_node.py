@@ -105,7 +105,9 @@ class LightningNode(Source):
         nproc = node["nproc_per_node"]
         local = parse_int(env["LOCAL_RANK"], "LOCAL_RANK", "Lightning")
         if local >= nproc:
-            raise DistEnvError(f"LOCAL_RANK={local} but {VARIABLE} says {nproc} worker(s) per node.")
+            raise DistEnvError(f"LOCAL_RANK={local} but {VARIABLE} says {nproc} worker(s) per "
+                               f"node. Fix: let Lightning start its workers (do not set "
+                               f"LOCAL_RANK or {VARIABLE} by hand).")
         r.set("local_rank", local, "LOCAL_RANK (set by Lightning for the workers it starts)")
         r.set("local_world_size", nproc, why + ": the Trainer's devices")
         node_rank = node.get("node_rank")

@@ -135,6 +135,12 @@ def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
 #: The fix when the SLURM variables contradict each other (copied from another job or step).
 MIXED_FIX = ("Fix: run the script through srun in this allocation, and do not copy SLURM_* "
              "variables from another job or step into its environment.")
+#: The fix when a step's variables do not give every task's host (outside a step, or partial).
+PLACE_FIX = ("Fix: run the script through srun (a job step gives its node list), or give every "
+             "rank's host in DISTENV_HOSTFILE (or set TF_CONFIG).")
+#: The fix when the layout is one SLURM's variables cannot place (arbitrary, heterogeneous).
+DOUBT_FIX = ("Fix: launch with srun --mpi=pmix (distenv then asks SLURM's PMIx server where "
+             "every task runs), or give every rank's host in DISTENV_HOSTFILE.")
 
 
 # -- which host runs each task (the resolver's rank_hosts; distenv.placement) ----------------
@@ -154,9 +160,11 @@ def task_nodes(counts: "Sequence[int]", dist: str = "block", plane: "str | int |
         try:
             step = int(size)  # type: ignore[arg-type]  # None is the TypeError below
         except (TypeError, ValueError):
-            raise DistEnvError("SLURM_DISTRIBUTION=plane without SLURM_DIST_PLANESIZE.") from None
+            raise DistEnvError("SLURM_DISTRIBUTION=plane without SLURM_DIST_PLANESIZE. "
+                               + MIXED_FIX) from None
         if step < 1:
-            raise DistEnvError(f"SLURM_DIST_PLANESIZE={size} is not a positive plane size.")
+            raise DistEnvError(f"SLURM_DIST_PLANESIZE={size} is not a positive plane size. "
+                               + MIXED_FIX)
     elif dist.startswith("cyclic"):
         step = 1
     else:
@@ -186,30 +194,35 @@ def rank_hosts(env: "Env", world_size: "int | None" = None, rank: "int | None" =
             hosts = expand_hostlist(env[var], var)
             break
     else:
-        raise DistEnvError("SLURM does not reveal its node list (no SLURM_STEP_NODELIST).")
+        raise DistEnvError("SLURM does not reveal its node list (no SLURM_STEP_NODELIST). "
+                           + PLACE_FIX)
     for cvar in COUNT_VARS:
         if env.get(cvar):
             counts = expand_tasks_per_node(env[cvar], cvar)
             break
     else:
-        raise DistEnvError("SLURM does not reveal its tasks per node (no SLURM_STEP_TASKS_PER_NODE).")
+        raise DistEnvError("SLURM does not reveal its tasks per node (no "
+                           "SLURM_STEP_TASKS_PER_NODE). " + PLACE_FIX)
     if len(counts) != len(hosts):
-        raise DistEnvError(f"{var} lists {len(hosts)} node(s) but {cvar} {len(counts)}.")
+        raise DistEnvError(f"{var} lists {len(hosts)} node(s) but {cvar} {len(counts)}. "
+                           + MIXED_FIX)
     # The proof conditions of read(): a job-level list names the step's nodes only when it
     # has as many; arbitrary and heterogeneous layouts are unknown.
     step_nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
     if var != "SLURM_STEP_NODELIST" and str(len(hosts)) != (step_nodes or "").strip():
-        raise DistEnvError(f"no SLURM_STEP_NODELIST, and {var} is not the step's node list.")
+        raise DistEnvError(f"no SLURM_STEP_NODELIST, and {var} is not the step's node list. "
+                           + PLACE_FIX)
     nodeid = env.get("SLURM_NODEID") or ""
     gtids = env.get("SLURM_GTIDS")
     doubt = layout_doubt(env, hosts, int(nodeid) if nodeid.isdigit() else None, counts,
                          gtids.split(",") if gtids else None)
     if doubt is not None:
-        raise DistEnvError(doubt[0] + ".")
+        raise DistEnvError(doubt[0] + ". " + DOUBT_FIX)
     dist = distribution(env.get("SLURM_DISTRIBUTION"))
     order = task_nodes(counts, dist, env.get("SLURM_DIST_PLANESIZE"))
     if world_size is not None and len(order) != world_size:
-        raise DistEnvError(f"{cvar} adds up to {len(order)} tasks but world_size={world_size}.")
+        raise DistEnvError(f"{cvar} adds up to {len(order)} tasks but world_size={world_size}. "
+                           + MIXED_FIX)
     if node_rank is not None and rank is not None and rank < len(order) and order[rank] != node_rank:
         raise DistEnvError(
             f"SLURM_DISTRIBUTION={dist} places rank {rank} on node {order[rank]} but "

@@ -11,7 +11,7 @@ import os
 
 from .. import knobs, placement
 from ..description import PER_NODE, UNKNOWN, DistEnv, kind_of
-from ..errors import DistEnvError
+from ..errors import DistEnvError, split_fix
 from ..resolver import resolved
 from ..sources import family, source_of, tfconfig
 
@@ -54,7 +54,9 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
     if source.tf_cluster:  # the platform describes the cluster itself
         config = source.tf_config(src)
         if config is None:
-            raise DistEnvError(f"{source.tf_cluster} has no TensorFlow-style 'cluster' mapping of lists.")
+            raise DistEnvError(f"{source.tf_cluster} has no TensorFlow-style 'cluster' mapping of "
+                               "lists. Fix: give it {\"cluster\": {\"worker\": [\"host:port\", "
+                               "...]}}, or set TF_CONFIG yourself.")
         return config
     hosts = _worker_hosts(d, src, hostfile, gather)
     return _assemble(d, src, hosts, base_port)
@@ -109,7 +111,8 @@ def _worker_hosts(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None",
         return placement.read_hostfile(d, hostfile)
     if gather:
         if gather not in (True, "mpi4py", "mpi", "1", "true", "yes"):
-            raise DistEnvError(f"DISTENV_GATHER={gather!r}: the only method is 'mpi4py'.")
+            raise DistEnvError(f"DISTENV_GATHER={gather!r}: the only method is 'mpi4py'. "
+                               "Fix: set DISTENV_GATHER=mpi4py, or unset it.")
         from ..discovery import discover
 
         gathered = discover(d, method="mpi4py").rank_hosts
@@ -119,11 +122,18 @@ def _worker_hosts(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None",
         return list(d.rank_hosts)
     why = d.provenance.get("rank_hosts")
     if why is not None and kind_of(why) == UNKNOWN:  # the launch's own rule failed: say why
-        raise DistEnvError(f"cannot build TF_CONFIG: {why.split(': ', 1)[1]}")
+        reason, fix = split_fix(why.split(": ", 1)[1])  # the source's own fix, if it gave one
+        raise DistEnvError(f"cannot build TF_CONFIG: {reason} Fix: {fix or _how(d) + '.'}")
     raise DistEnvError(_missing(d, "which host runs each rank"))
 
 
 def _missing(d: DistEnv, what: str) -> str:
+    return (f"cannot build TF_CONFIG: {d.launcher} runs {d.world_size or '?'} worker(s) on "
+            f"{d.num_nodes or 'several'} node(s) but does not reveal {what}. Fix: {_how(d)}.")
+
+
+def _how(d: DistEnv) -> str:
+    """What to do when the launch does not give every rank's host."""
     how = ("pass hostfile=... or set DISTENV_HOSTFILE to a file of host names (host:N per "
            "line, in mpirun's order), or gather=True / DISTENV_GATHER=mpi4py (needs mpi4py) "
            "to ask the other ranks, or set TF_CONFIG yourself")
@@ -132,8 +142,7 @@ def _missing(d: DistEnv, what: str) -> str:
         how = f"{source.node_order}: set TF_CONFIG yourself, or launch with mpirun/srun"
     elif source.pass_on_note("DISTENV_HOSTFILE"):
         how += f" ({source.pass_on_note('DISTENV_HOSTFILE')})"
-    return (f"cannot build TF_CONFIG: {d.launcher} runs {d.world_size or '?'} worker(s) on "
-            f"{d.num_nodes or 'several'} node(s) but does not reveal {what}. Fix: {how}.")
+    return how
 
 
 def _assemble(d: DistEnv, src: "Mapping[str, str]", hosts: "Sequence[str]", base_port: "int | None"
