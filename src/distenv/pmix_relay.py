@@ -87,7 +87,7 @@ class Relay:
                              daemon=True).start()
 
     def _join(self, client: "socket.socket") -> None:
-        import select
+        import selectors
         import socket
 
         try:
@@ -101,23 +101,25 @@ class Relay:
             return
         with self._lock:
             self.held.append(server)
-        try:
-            while True:  # both ways until the query process closes its end
-                ready, _, _ = select.select([client, server], [], [])
-                if client in ready:
-                    data = client.recv(65536)
-                    if not data:
-                        break
-                    server.sendall(data)
-                if server in ready:
-                    data = server.recv(65536)
-                    if not data:
-                        return  # the server closed first: nothing left to hold
-                    client.sendall(data)
-        except OSError:
-            return
-        finally:
-            client.close()
+        # a selector, not select(): a big process may hold descriptors beyond FD_SETSIZE
+        with selectors.DefaultSelector() as sel:
+            sel.register(client, selectors.EVENT_READ, server)
+            sel.register(server, selectors.EVENT_READ, client)
+            try:
+                while True:  # both ways until the query process closes its end
+                    for key, _ in sel.select():
+                        data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                        if not data:
+                            if key.fileobj is server:
+                                return  # the server closed first: nothing left to hold
+                            raise EOFError  # the query process is done
+                        key.data.sendall(data)
+            except EOFError:
+                pass
+            except Exception:  # noqa: BLE001 - a broken pump must not hang the query process:
+                return  # its end closes (below), it fails; the server's end stays held
+            finally:
+                client.close()
         try:  # hold the server's end open (and read what it still sends) until we exit
             while server.recv(65536):
                 pass

@@ -3,6 +3,7 @@ server's end stays open after the query process has closed (real sockets, a fake
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 
@@ -31,7 +32,9 @@ def test_server_address(environ, want):
 
 
 def readable(sock: socket.socket, seconds: float) -> bool:
-    return bool(select.select([sock], [], [], seconds)[0])
+    poll = select.poll()  # not select(): descriptors past 1023 in the last test
+    poll.register(sock, select.POLLIN)
+    return bool(poll.poll(seconds * 1000))
 
 
 @pytest.fixture
@@ -57,6 +60,7 @@ def through(server: socket.socket, **extra):
     client = socket.create_connection(("127.0.0.1", port), timeout=10)
     server.settimeout(10)
     upstream, _ = server.accept()
+    upstream.settimeout(10)  # a relay that stops pumping fails the test, never hangs it
     return relay, client, upstream
 
 
@@ -153,3 +157,33 @@ def test_the_held_end_survives_exec_and_closes_when_the_command_ends(server):
     held = time.monotonic() - start
     assert p.wait(10) == 0
     assert held >= 1.5, held  # not at the exec (0.2 s in) but at the command's end
+
+
+def test_descriptors_beyond_fd_setsize(server):
+    """A rank that already holds many files (select() stops at descriptor 1023)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1200
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"the descriptor limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    filler = []
+    try:
+        while len(filler) < 1100:
+            filler.append(os.dup(devnull))
+        relay, client, upstream = through(server)
+        assert client.fileno() > 1024  # the relay's own sockets come after these too
+        client.sendall(b"connect-ack")
+        assert upstream.recv(100) == b"connect-ack"
+        upstream.sendall(b"reply")
+        assert readable(client, 5) and client.recv(100) == b"reply"
+        client.close()
+        assert not readable(upstream, 0.3)
+        relay.stop(drop=True)
+    finally:
+        for fd in filler + [devnull]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
