@@ -19,12 +19,12 @@ no longer overtake the mark.
 
 Only for servers reached over TCP (``PMIX_SERVER_URI*`` = ``<nspace>.<rank>;tcp4://...`` or
 ``tcp6://``, all naming one address); otherwise `open_relay` returns None and the query
-process connects directly, as before. Standard library only.
+process connects directly, as before. The relay listens on loopback only while the query
+runs, and reaches nothing a local process could not reach already (the server listens on the
+same loopback). Standard library only.
 """
 
 from __future__ import annotations
-
-import os
 
 TYPE_CHECKING = False  # typing stays out of `import distenv`
 if TYPE_CHECKING:
