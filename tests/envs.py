@@ -84,6 +84,12 @@ def ompi4(rank, size, local, local_size, nodes, extra=None):
             "OMPI_MCA_orte_hnp_uri": "4241.0;tcp://10.213.77.11:4000", **(extra or {})}
 
 
+def hydra_rank(rank, size, local, lsize, **extra):
+    """A rank of Hydra's `mpiexec` (MPICH, Intel MPI): PMI_RANK, PMI_SIZE and MPI_LOCAL* only."""
+    return {"PMI_RANK": str(rank), "PMI_SIZE": str(size), "MPI_LOCALRANKID": str(local),
+            "MPI_LOCALNRANKS": str(lsize), **extra}
+
+
 def slurm(rank, nodelist="node[9-10]", tasks="2(x2)", dist=None, job="77", nodeid=None,
           localid=None, ntasks=4, nnodes=2):
     """Task `rank` of an srun step (2 x 2 on node[9-10] unless told): node and local id from

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from distenv import DistEnvError, resolve
+from envs import hydra_rank, slurm, torchrun
 
 # rank 1 of 2 on one node (local rank 1 of 2), as each launcher says it.
 LAUNCHERS = {
@@ -14,10 +15,9 @@ LAUNCHERS = {
                  "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
                 {"rank": "OMPI_COMM_WORLD_RANK", "world_size": "OMPI_COMM_WORLD_SIZE",
                  "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK"}),
-    "mpich": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+    "mpich": (hydra_rank(1, 2, 1, 2),
               {"rank": "PMI_RANK", "world_size": "PMI_SIZE", "local_rank": "MPI_LOCALRANKID"}),
-    "intelmpi": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-                  "HYDRA_BSTRAP_NODE_ID": "0", "I_MPI_HYDRA_UUID": "u-1"},
+    "intelmpi": (hydra_rank(1, 2, 1, 2, HYDRA_BSTRAP_NODE_ID="0", I_MPI_HYDRA_UUID="u-1"),
                  {"rank": "PMI_RANK", "node_rank": "HYDRA_BSTRAP_NODE_ID"}),
     "mvapich2": ({"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "2",
                   "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "2"},
@@ -31,10 +31,7 @@ LAUNCHERS = {
     "lsf": ({"JSM_NAMESPACE_RANK": "1", "JSM_NAMESPACE_SIZE": "2", "JSM_NAMESPACE_LOCAL_RANK": "1",
              "JSM_NAMESPACE_LOCAL_SIZE": "2", "LSB_JOBID": "3"},
             {"rank": "JSM_NAMESPACE_RANK"}),
-    "slurm": ({"SLURM_JOB_ID": "8", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
-               "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
-               "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "vm",
-               "SLURM_STEP_TASKS_PER_NODE": "2"},
+    "slurm": ({**slurm(1, nodelist="vm", tasks="2", job="8", ntasks=2, nnodes=1), "SLURM_NTASKS": "2"},
               {"rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID", "node_rank": "SLURM_NODEID"}),
     "horovodrun": ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
                     "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"},
@@ -74,9 +71,7 @@ def test_canonical_variable_disagreeing_names_both(name, var, field):
 
 # -- sources that own the canonical variables: the cross-check is between their own ----------
 def test_torchrun_group_rank_vs_node_rank():
-    env = {"TORCHELASTIC_RUN_ID": "r", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-           "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
-           "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    env = {**torchrun(3, nodes=2, addr="h", port="1"), "TORCHELASTIC_RUN_ID": "r"}
     assert resolve(dict(env, NODE_RANK="1")).node_rank == 1
     with pytest.raises(DistEnvError, match="NODE_RANK=0.*GROUP_RANK=1"):
         resolve(dict(env, NODE_RANK="0"))
@@ -133,9 +128,7 @@ def test_user_master_port_vs_platform_port_user_wins():
 
 
 # -- documented precedence: nested launchers ---------------------------------------------------
-TORCHRUN_WORKER = {"TORCHELASTIC_RUN_ID": "r", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                   "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
-                   "MASTER_ADDR": "n1", "MASTER_PORT": "29400"}
+TORCHRUN_WORKER = {**torchrun(3, nodes=2, addr="n1"), "TORCHELASTIC_RUN_ID": "r"}
 
 
 @pytest.mark.parametrize("outer", ["slurm", "openmpi", "mpich", "intelmpi", "flux", "lsf", "pals"])

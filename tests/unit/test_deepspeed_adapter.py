@@ -11,6 +11,7 @@ import pytest
 
 import distenv.deepspeed as dsa
 from distenv import DistEnvError
+from envs import slurm_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures")
@@ -163,12 +164,8 @@ def test_stale_rank_in_the_shell_is_an_error(monkeypatch, fake_deepspeed, no_gpu
 
 def test_per_node_launch_is_refused(monkeypatch, fake_deepspeed, no_gpus):
     _scrub(monkeypatch)
-    for k, v in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
-                 "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0",
-                 "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_NUM_NODES": "2",
-                 "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_JOB_NODELIST": "n[1-2]",
-                 "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_TASKS_PER_NODE": "1(x2)",
-                 "DISTENV_NPROC_PER_NODE": "4"}.items():
+    for k, v in slurm_task(1, 2, 0, 1, 2, "n[1-2]", "1(x2)", SLURM_JOB_NUM_NODES="2",
+                            SLURM_TASKS_PER_NODE="1(x2)", DISTENV_NPROC_PER_NODE="4").items():
         monkeypatch.setenv(k, v)
     with pytest.raises(DistEnvError, match="one per node"):
         dsa.init_distributed()

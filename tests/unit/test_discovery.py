@@ -10,6 +10,7 @@ import pytest
 
 from distenv import DistEnvError, resolve
 from distenv.discovery import from_hostnames
+from envs import hydra_rank
 
 
 def mpich(rank, size, local, lsize):
@@ -50,8 +51,7 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
     from distenv import DistEnvError, pmi, pmix, resolve
     from distenv.discovery import _from_exchange, _from_pmix
 
-    hydra = resolve({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1",
-                     "DISTENV_NPROC_PER_NODE": "2"})
+    hydra = resolve(hydra_rank(1, 2, 0, 1, DISTENV_NPROC_PER_NODE="2"))
     got = _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs"))
     assert (got.launch, got.node_rank, got.num_nodes, got.hosts, got.master_addr) == \
         ("per-node", 1, 2, ("n1", "n2"), "n1")

@@ -17,6 +17,7 @@ import pytest
 from distenv import doctor
 from distenv.cli import main as cli_main
 from distenv.redact import MASK, is_secret_name, redact_environ, redact_text, redact_value
+from envs import hydra_rank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -294,7 +295,7 @@ def test_cpu_oversubscription(machine, monkeypatch):
 def test_launch_checks(machine):
     loop = doctor.diagnose({**OMPI_2X2, "MASTER_ADDR": "127.0.0.1"})
     assert any("loopback" in f["message"] for f in findings(loop, "launch", "error"))
-    mpich = {"PMI_RANK": "0", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+    mpich = hydra_rank(0, 4, 0, 2)
     report = doctor.diagnose(mpich)
     assert any("rank 0's address is unknown" in f["message"] for f in findings(report, "launch", "error"))
     assert any("torch's default" in f["message"] for f in findings(report, "launch", "warning"))

@@ -13,7 +13,7 @@ import pytest
 import distenv
 import distenv.horovod as dh
 from distenv import DistEnvError, ports
-from envs import platform, recorded, torchrun
+from envs import hydra_rank, platform, recorded, torchrun
 
 
 def test_mpirun_uses_the_mpi_controller():
@@ -94,7 +94,7 @@ def test_controller_can_be_forced():
 
 
 def test_gloo_needs_the_master_address_across_nodes():
-    env = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    env = hydra_rank(1, 4, 1, 2)
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):
         dh.plan(env)
 

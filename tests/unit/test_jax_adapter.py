@@ -22,7 +22,7 @@ import distenv
 import distenv.jax as dj
 import distenv.keras as dk
 from distenv import DistEnvError, ports
-from envs import platform, recorded
+from envs import platform, recorded, slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -437,10 +437,8 @@ sig = jax.distributed.initialize.__wrapped__ is not None
 print(json.dumps({"initialized": p["initialized"], "devices": jax.device_count(),
                   "cpu": p["cpu_devices"], "gloo": jax.config.jax_cpu_collectives_implementation}))
 """
-    env = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
-           "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost", "SLURM_NODEID": "0",
-           "SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "1", "DISTENV_NPROC_PER_NODE": "2",
-           "JAX_PLATFORMS": "cpu", "DISTENV_AUTO": "0"}
+    env = {**slurm(0, nodelist="localhost", tasks="1", job="5", ntasks=1, nnodes=1),
+           "DISTENV_NPROC_PER_NODE": "2", "JAX_PLATFORMS": "cpu", "DISTENV_AUTO": "0"}
     out = _run(code, env)
     assert out == {"initialized": False, "devices": 2, "cpu": 2, "gloo": "gloo"}, out
 

@@ -16,7 +16,7 @@ import pytest
 import distenv
 import distenv.keras as dk
 from distenv import DistEnvError
-from envs import platform, recorded
+from envs import hydra_rank, platform, recorded, slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -178,9 +178,7 @@ def test_initialize_args_avoid_torchruns_port():
 
 
 def test_initialize_args_across_slurm_nodes():
-    env = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4",
-           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[08-09]",
-           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}
+    env = slurm(3, nodelist="gpu[08-09]", job="9")
     args = dk.initialize_args(env)
     assert args["job_addresses"].startswith("gpu08:") and args["process_id"] == 3
 
@@ -194,7 +192,7 @@ def test_initialize_args_per_node_launch(fake_gpus):
 
 
 def test_initialize_args_without_coordinator_names_the_fix():
-    env = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    env = hydra_rank(1, 4, 1, 2)
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):
         dk.initialize_args(env)
 

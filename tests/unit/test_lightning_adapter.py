@@ -14,7 +14,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.lightning import WORKER_VAR, DistenvEnvironment, settings, trainer_kwargs
-from envs import PLATFORM_CASES, ompi4, platform_case, ranks, slurm_at
+from envs import PLATFORM_CASES, hydra_rank, ompi4, platform_case, ranks, slurm_at
 
 
 PER_NODE = {"DISTENV_NPROC_PER_NODE": "2"}
@@ -85,7 +85,7 @@ def test_contradicting_settings_name_the_right_ones(no_gpus, devices, nodes):
 
 def test_unknown_master_across_nodes_names_master_addr(no_gpus):
     # MPICH across nodes reveals no head-node address.
-    e = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    e = hydra_rank(1, 4, 1, 2)
     env = DistenvEnvironment(environ=e)
     assert env.env.master_addr is None
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):

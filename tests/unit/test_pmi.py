@@ -19,6 +19,7 @@ import pytest
 from distenv import DistEnvError, pmi, resolve
 from distenv.discovery import PMI_WHY, _from_exchange, complete
 from distenv.ports import port_for
+from envs import hydra_rank
 
 MPICH4 = {"init": "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0",
           "maxes": "cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024",
@@ -226,8 +227,7 @@ def test_timeout_comes_from_distenv_timeout(no_watcher, waits):
 
 
 # -- guards ---------------------------------------------------------------------------------------
-HYDRA = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-         "PMI_FD": "6"}
+HYDRA = hydra_rank(1, 2, 1, 2, PMI_FD="6")
 
 
 @pytest.mark.parametrize("environ,why", [
@@ -253,7 +253,7 @@ def test_a_process_not_started_by_the_proxy_keeps_its_fd_untouched():
             "e = d.complete(need=('master_addr',)); print(o, e.master_addr, why)")
     # a fresh environment: other tests may have exported RANK, MASTER_ADDR, ... into this one
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **HYDRA, "PMI_FD": str(theirs.fileno()),
-           "PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"}
+           **hydra_rank(0, 2, 0, 1)}
     p = subprocess.run([sys.executable, "-c", code], env=env, pass_fds=(theirs.fileno(),),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -639,12 +639,10 @@ def test_from_exchange_uses_the_port_rank_0_found_free():
     assert PMI_WHY in got.provenance["master_port"]
     assert not any("no job id" in n for n in got.notes), got.notes
     # an explicit MASTER_PORT wins; a MASTER_ADDR that is not rank 0's host keeps the derived port
-    given = resolve({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
-                     "MPI_LOCALNRANKS": "2", "MASTER_PORT": "31000"})
+    given = resolve(hydra_rank(1, 4, 1, 2, MASTER_PORT="31000"))
     ex1 = pmi.Exchange(1, 4, ex.hosts, "fd", 0.01, "t", "kvs_1", 23456)
     assert _from_exchange(given, ex1).master_port == 31000
-    elsewhere = resolve({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
-                         "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "node9"})
+    elsewhere = resolve(hydra_rank(1, 4, 1, 2, MASTER_ADDR="node9"))
     assert _from_exchange(elsewhere, ex1).master_port != 23456
     # no port published (an answer from before an exec): the kvsname-derived port as before
     ex0 = pmi.Exchange(2, 4, ex.hosts, "port", 0.01, "t", "kvs_1_0_2_node1")

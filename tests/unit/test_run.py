@@ -19,6 +19,7 @@ import pytest
 
 from distenv import run
 from distenv.errors import DistEnvError
+from envs import hydra_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "scripts" / "run_worker.py"
@@ -140,7 +141,7 @@ def test_plan_per_node_without_torch_says_how_to_proceed(no_gpus, monkeypatch):
 
 def test_plan_per_node_across_nodes_needs_the_master_address(no_gpus, monkeypatch):
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
-    mpich = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+    mpich = hydra_rank(0, 2, 0, 1)
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):
         run.plan(["--nproc-per-node", "2", "python", "t.py"], mpich)
     ok = run.plan(["--nproc-per-node", "2", "python", "t.py"], {**mpich, "MASTER_ADDR": "node1"})

@@ -14,6 +14,7 @@ import pytest
 from distenv import DistEnvError, doctor, nodemap, resolve
 from distenv.cli import main as cli_main
 from distenv.discovery import from_hostnames
+from envs import torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures", "launchers")
@@ -139,9 +140,7 @@ def test_mpi_across_nodes_says_what_is_unknown_then_discovery_fills_it(name):
 
 
 # -- synthetic launches ----------------------------------------------------------------------
-TORCHRUN_2X2 = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5",
-                "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}
+TORCHRUN_2X2 = {**torchrun(0, nodes=2, addr="10.0.0.5"), "TORCHELASTIC_RUN_ID": "x"}
 
 
 def test_torchrun_across_nodes_shows_what_is_known():

@@ -15,7 +15,7 @@ import pytest
 import distenv
 import distenv.tensorflow as dtf
 from distenv import DistEnvError, ports
-from envs import platform, recorded, slurm
+from envs import platform, recorded, slurm, torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -115,9 +115,7 @@ def test_torchrun_one_node():
 
 
 def test_torchrun_across_nodes_says_what_is_missing():
-    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-           "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
-           "MASTER_ADDR": "node1", "MASTER_PORT": "29400"}
+    env = {**torchrun(3, nodes=2, addr="node1"), "TORCHELASTIC_RUN_ID": "x"}
     with pytest.raises(DistEnvError, match="torchrun numbers nodes in rendezvous order"):
         dtf.tf_config(env)
 

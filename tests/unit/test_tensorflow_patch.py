@@ -20,6 +20,7 @@ import pytest
 
 import distenv.tensorflow as dtf
 from distenv import DistEnvError
+from envs import torchrun
 from test_tensorflow_adapter import mpi_two_nodes, platform, recorded, tensorflow_python
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
@@ -134,9 +135,7 @@ def test_open_mpi_across_nodes_with_a_host_file(no_gpus, tmp_path):
 
 
 def test_torchrun_across_nodes_is_a_problem(no_gpus):
-    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-           "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
-           "MASTER_ADDR": "node1", "MASTER_PORT": "29400"}
+    env = {**torchrun(3, nodes=2, addr="node1"), "TORCHELASTIC_RUN_ID": "x"}
     state = dtf.patch_environ(env)
     assert "TF_CONFIG" not in env and "torchrun numbers nodes in rendezvous order" in state["problem"][1]
 

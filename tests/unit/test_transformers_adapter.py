@@ -14,6 +14,7 @@ import pytest
 
 import distenv.transformers as dt
 from distenv import DistEnvError, resolve
+from envs import slurm_task
 
 OPENMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
@@ -74,11 +75,8 @@ def test_patch_is_idempotent():
 
 
 def test_per_node_launch_is_refused():
-    launch({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
-            "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
-            "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NODELIST": "n[1-2]",
-            "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-            "SLURM_TASKS_PER_NODE": "1(x2)", "DISTENV_NPROC_PER_NODE": "4"})
+    launch(slurm_task(1, 2, 0, 1, 2, "n[1-2]", "1(x2)", SLURM_JOB_NUM_NODES="2",
+                      SLURM_TASKS_PER_NODE="1(x2)", DISTENV_NPROC_PER_NODE="4"))
     with pytest.raises(DistEnvError, match="one process per worker"):
         dt.patch(argv=["x"])
 

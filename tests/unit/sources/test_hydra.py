@@ -4,11 +4,11 @@
 import pytest
 
 from distenv import DistEnvError, resolve
+from envs import hydra_rank
 
 
 def test_mpich_hydra():
-    env = resolve({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-                   "PMI_FD": "6"})
+    env = resolve(hydra_rank(3, 4, 1, 2, PMI_FD="6"))
     assert env.launcher == "mpich"
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
     assert env.node_rank is None and env.master_addr is None
@@ -23,6 +23,5 @@ def test_mpich_pmi_port_has_no_world_size():
 
 
 def test_intel_mpi_gives_node_id():
-    env = resolve({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
-                   "HYDRA_BSTRAP_NODE_ID": "1", "I_MPI_ROOT": "x"})
+    env = resolve(hydra_rank(2, 4, 0, 2, HYDRA_BSTRAP_NODE_ID="1", I_MPI_ROOT="x"))
     assert env.launcher == "intelmpi" and env.node_rank == 1
