@@ -62,16 +62,17 @@ def documented(source):
 
 
 # -- written by hand ---------------------------------------------------------------------------
-def ompi(rank, size, local, lsize, **extra):
-    """An `mpirun` rank: the OMPI_COMM_WORLD_* variables (and the NODE_RANK trap) only."""
+def ompi(rank, size, local, lsize, *, node_rank_trap=True, **extra):
+    """An `mpirun` rank: the OMPI_COMM_WORLD_* variables (and the NODE_RANK trap unless node_rank_trap=False)."""
     env = {
         "OMPI_COMM_WORLD_RANK": str(rank),
         "OMPI_COMM_WORLD_SIZE": str(size),
         "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
         "OMPI_COMM_WORLD_LOCAL_SIZE": str(lsize),
-        # Trap: a local index, never a node index.
-        "OMPI_COMM_WORLD_NODE_RANK": str(local),
     }
+    if node_rank_trap:
+        # Trap: a local index, never a node index.
+        env["OMPI_COMM_WORLD_NODE_RANK"] = str(local)
     env.update(extra)
     return env
 

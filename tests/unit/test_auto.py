@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 import distenv.auto
+from envs import ompi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "src")
@@ -23,11 +24,9 @@ FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "tr
               "accelerate", "deepspeed", "tensorflow", "keras", "tf_keras", "horovod", "jax",
               "mpi4py", "numpy")
 MODULES = json.dumps(FRAMEWORKS)
-OMPI_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-          "OMPI_MCA_orte_num_nodes": "1",
-          "OMPI_MCA_orte_hnp_uri": "2197356545.0;tcp://10.0.0.1:41231",
-          "OMPI_MCA_ess_base_jobid": "2197356545"}
+OMPI_2 = ompi(1, 2, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1",
+              OMPI_MCA_orte_hnp_uri="2197356545.0;tcp://10.0.0.1:41231",
+              OMPI_MCA_ess_base_jobid="2197356545")
 REPORT = textwrap.dedent(f"""
     import json, os, sys
     def report(**extra):

@@ -6,10 +6,9 @@ import pytest
 import distenv
 from distenv import DistEnvError
 from distenv.checked import REQUIRED, Checked
+from envs import ompi
 
-OMPI_4_ON_2_NODES = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-                     "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                     "OMPI_MCA_orte_num_nodes": "2"}
+OMPI_4_ON_2_NODES = ompi(3, 4, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2")
 
 
 def test_single_process_is_fully_known(no_gpus):

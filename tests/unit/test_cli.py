@@ -17,6 +17,7 @@ import pytest
 import distenv
 from distenv import display, doctor
 from distenv.cli import main as cli_main
+from envs import ompi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
@@ -301,11 +302,9 @@ def test_doctor_fixes_speak_the_launchers_language(no_gpus, monkeypatch):
              "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "1",
              "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "4"}
     plain = {"RANK": "0", "WORLD_SIZE": "2", "NNODES": "2"}
-    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-            "OMPI_MCA_orte_num_nodes": "1"}
+    openmpi = ompi(0, 4, 0, 4, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1")
     fixes = {name: " ".join(f["fix"] or "" for f in doctor.diagnose(env)["findings"])
-             for name, env in (("slurm", slurm), ("plain", plain), ("ompi", ompi))}
+             for name, env in (("slurm", slurm), ("plain", plain), ("ompi", openmpi))}
     assert "OMP_NUM_THREADS" in fixes["slurm"] and "mpirun" not in fixes["slurm"]
     assert "MASTER_ADDR" in fixes["plain"] and "mpirun" not in fixes["plain"]
     assert "mpirun -x OMP_NUM_THREADS" in fixes["ompi"]

@@ -7,12 +7,11 @@ import json
 import pytest
 
 from distenv import DistEnvError, resolve
-from envs import hydra_rank, slurm, torchrun
+from envs import hydra_rank, ompi, slurm, torchrun
 
 # rank 1 of 2 on one node (local rank 1 of 2), as each launcher says it.
 LAUNCHERS = {
-    "openmpi": ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+    "openmpi": (ompi(1, 2, 1, 2, node_rank_trap=False),
                 {"rank": "OMPI_COMM_WORLD_RANK", "world_size": "OMPI_COMM_WORLD_SIZE",
                  "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK"}),
     "mpich": (hydra_rank(1, 2, 1, 2),

@@ -11,7 +11,7 @@ import pytest
 
 import distenv.deepspeed as dsa
 from distenv import DistEnvError
-from envs import slurm_task
+from envs import ompi, slurm_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures")
@@ -82,10 +82,8 @@ def test_single_python_process_needs_no_mpi4py(monkeypatch, fake_deepspeed, no_g
     assert 20000 <= int(call["env"]["MASTER_PORT"]) < 30000
 
 
-OPENMPI_RANK1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                 "OMPI_MCA_orte_num_nodes": "1", "OMPI_MCA_ess_base_jobid": "3351838721",
-                 "PMIX_RANK": "1", "PMIX_NAMESPACE": "3351838721"}
+OPENMPI_RANK1 = ompi(1, 2, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1",
+                     OMPI_MCA_ess_base_jobid="3351838721", PMIX_RANK="1", PMIX_NAMESPACE="3351838721")
 
 
 def test_openmpi_rank_exports_five_and_disables_discovery(monkeypatch, fake_deepspeed, no_gpus):

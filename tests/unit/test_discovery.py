@@ -10,7 +10,7 @@ import pytest
 
 from distenv import DistEnvError, resolve
 from distenv.discovery import from_hostnames
-from envs import hydra_rank
+from envs import hydra_rank, ompi
 
 
 def mpich(rank, size, local, lsize):
@@ -57,14 +57,13 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
         ("per-node", 1, 2, ("n1", "n2"), "n1")
     with pytest.raises(DistEnvError, match=r"key-value exchange found 2 processes on 1 hosts.*mpiexec -ppn 1"):
         _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n1"], "fd", 0.0, "t", "kvs"))
-    ompi = resolve({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-                    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "PMIX_NAMESPACE": "prterun-x-1@1",
-                    "DISTENV_NPROC_PER_NODE": "2"})
+    openmpi = resolve(ompi(0, 2, 0, 1, node_rank_trap=False, PMIX_NAMESPACE="prterun-x-1@1",
+                           DISTENV_NPROC_PER_NODE="2"))
     placed = pmix.Placement(0, 2, ["n2", "n1"], "prterun-x-1@1", "/lib/libpmix.so.2", "4.2", "child", 0.0)
-    got = _from_pmix(ompi, placed)
+    got = _from_pmix(openmpi, placed)
     assert (got.node_rank, got.num_nodes, got.master_addr) == (0, 2, "n2")
     with pytest.raises(DistEnvError, match=r"PMIx server places 2 processes on 1 hosts.*ppr:1:node"):
-        _from_pmix(ompi, pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0))
+        _from_pmix(openmpi, pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0))
 
 
 # -- what a service fills replaces only distenv's own choices, by kind, not by wording ------------

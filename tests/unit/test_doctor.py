@@ -17,7 +17,7 @@ import pytest
 from distenv import doctor
 from distenv.cli import main as cli_main
 from distenv.redact import MASK, is_secret_name, redact_environ, redact_text, redact_value
-from envs import hydra_rank
+from envs import hydra_rank, ompi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -63,16 +63,12 @@ NOT_SECRET = ("OMPI_COMM_WORLD_RANK", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_POR
               "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "SSH_AUTH_SOCK", "KEYTIMEOUT", "MONKEY_BUSINESS",
               "LOCAL_RANK", "UCX_TLS")
 
-OMPI_2X2 = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_MCA_orte_num_nodes": "2",
-            "OMPI_MCA_orte_hnp_uri": "2197356545.0;tcp://10.213.77.11:41231",
-            "OMPI_MCA_ess_base_jobid": "2197356545"}
-OMPI_1X2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_MCA_orte_num_nodes": "1",
-            "OMPI_MCA_orte_hnp_uri": "2197356546.0;tcp://10.213.77.11:41232",
-            "OMPI_MCA_ess_base_jobid": "2197356546"}
+OMPI_2X2 = ompi(0, 4, 0, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
+                OMPI_MCA_orte_hnp_uri="2197356545.0;tcp://10.213.77.11:41231",
+                OMPI_MCA_ess_base_jobid="2197356545")
+OMPI_1X2 = ompi(1, 2, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1",
+                OMPI_MCA_orte_hnp_uri="2197356546.0;tcp://10.213.77.11:41232",
+                OMPI_MCA_ess_base_jobid="2197356546")
 
 
 # -- the machine, planted ------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 import distenv
 from distenv import DistEnvError
 from distenv.errors import split_fix
+from envs import ompi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "src", "distenv")
@@ -217,12 +218,10 @@ def test_master_addr_message_names_the_launcher_at_hand():
     text = str(info.value)
     assert "mpirun" not in text and "mpiexec" not in text
     assert "MASTER_ADDR" in info.value.fix and "RANK and WORLD_SIZE" in info.value.fix
-    ompi = distenv.resolve({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
-                            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                            "OMPI_MCA_orte_num_nodes": "2"})
-    if ompi.master_addr is None:
+    openmpi = distenv.resolve(ompi(0, 4, 0, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2"))
+    if openmpi.master_addr is None:
         with pytest.raises(DistEnvError) as info:
-            ompi.export({})
+            openmpi.export({})
         assert "mpirun -x MASTER_ADDR" in info.value.fix
 
 

@@ -16,10 +16,11 @@ import textwrap
 
 import pytest
 
+from envs import ompi
+
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
 #: A launch distenv refuses: Open MPI says 2 ranks, a stale WORLD_SIZE says 4.
-STALE = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "WORLD_SIZE": "4"}
+STALE = ompi(0, 2, 0, 2, node_rank_trap=False, WORLD_SIZE="4")
 MESSAGE = "distenv: error: WORLD_SIZE=4 contradicts OMPI_COMM_WORLD_SIZE=2"
 
 

@@ -24,11 +24,11 @@ from distenv import DistEnvError, knobs, resolve
 from distenv.cli import main as cli_main
 from distenv.display import _tagging, launcher_labels
 from distenv.run import USAGE, as_flag, plan
+from envs import ompi
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
 PLAIN = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}
-OMPI = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+OMPI = ompi(0, 2, 0, 2, node_rank_trap=False)
 TORCHRUN = {**PLAIN, "TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1"}
 PORT_FIX = "Fix: set MASTER_PORT to a free port from 1 to 65535, or unset it."

@@ -12,7 +12,7 @@ from distenv import DistEnvError, knobs, placement, ports, resolve
 from distenv.description import Later
 from distenv.discovery import from_hostnames
 from distenv.sources import slurm
-from envs import platform
+from envs import ompi, platform
 
 
 def srun(rank, nodes, per, dist=None, nodelist=None, job="5"):
@@ -101,10 +101,8 @@ def test_per_node_launch_places_the_workers_it_will_start(monkeypatch):
 
 
 def test_launchers_that_do_not_reveal_placement_leave_it_unknown():
-    ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_ess_base_jobid": "9"}
-    d = resolve(ompi)
+    openmpi = ompi(1, 4, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_ess_base_jobid="9")
+    d = resolve(openmpi)
     assert d.rank_hosts is None and "rank_hosts" not in d.provenance
     # ... until discovery asks the ranks
     found = from_hostnames(d, ["a", "a", "b", "b"], "test")
@@ -142,11 +140,8 @@ def test_host_file_errors(tmp_path):
 # -- the Lightning node hand-off source -----------------------------------------------------------
 def node_process(extra=None):
     """An mpirun process that is node 1 of 2, asked for 2 workers per node."""
-    return {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
-            "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_ess_base_jobid": "77",
-            "OMPI_MCA_orte_hnp_uri": "76.0;tcp://10.1.0.1:4000", "DISTENV_NPROC_PER_NODE": "2",
-            **(extra or {})}
+    return ompi(1, 2, 0, 1, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_ess_base_jobid="77",
+                OMPI_MCA_orte_hnp_uri="76.0;tcp://10.1.0.1:4000", DISTENV_NPROC_PER_NODE="2") | (extra or {})
 
 
 def test_lightning_worker_is_described_by_the_hand_off(no_gpus):

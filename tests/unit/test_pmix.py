@@ -16,6 +16,7 @@ import pytest
 
 from distenv import DistEnvError, discovery, pmix, resolve
 from distenv.discovery import PMIX_WHY, _from_pmix, complete, discover
+from envs import ompi
 
 
 @pytest.fixture(autouse=True)
@@ -161,9 +162,7 @@ def test_query_without_a_library_says_what_was_tried():
 
 # -- discovery wiring ----------------------------------------------------------------------------
 def ompi4(rank):  # Open MPI 4, 4 ranks on 2 nodes, mpirun on a host that runs no rank
-    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % 2), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "PMIX_NAMESPACE": "1234", "PMIX_RANK": str(rank)}
+    return ompi(rank, 4, rank % 2, 2, node_rank_trap=False, PMIX_NAMESPACE="1234", PMIX_RANK=str(rank))
 
 
 def placement(rank, hosts=("node2", "node2", "node1", "node1")):

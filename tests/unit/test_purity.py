@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from envs import ompi
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent(
@@ -41,9 +43,8 @@ SCRIPT = textwrap.dedent(
 
 ENVS = {
     "none": {},
-    "openmpi": {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
-                "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_orte_hnp_uri": "7.0;tcp://10.0.0.1:5"},
+    "openmpi": ompi(1, 4, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
+                    OMPI_MCA_orte_hnp_uri="7.0;tcp://10.0.0.1:5"),
     "slurm": {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
               "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2",
               "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"},

@@ -19,7 +19,7 @@ import pytest
 
 from distenv import run
 from distenv.errors import DistEnvError
-from envs import hydra_rank
+from envs import hydra_rank, ompi
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "scripts" / "run_worker.py"
@@ -27,15 +27,13 @@ MARK = "DISTENV-WORKER "
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 DISTENV = ROOT / ".venv" / "bin" / "distenv"
 
-OMPI_NP2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_MCA_orte_num_nodes": "1", "OMPI_MCA_orte_hnp_uri": "2197356545.0;tcp://10.0.0.1:41231",
-            "OMPI_MCA_ess_base_jobid": "2197356545"}
+OMPI_NP2 = ompi(1, 2, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1",
+                OMPI_MCA_orte_hnp_uri="2197356545.0;tcp://10.0.0.1:41231",
+                OMPI_MCA_ess_base_jobid="2197356545")
 # mpirun --map-by ppr:1:node on two nodes: this is the process of node 1.
-OMPI_PPR1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
-             "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_orte_hnp_uri": "2197356547.0;tcp://10.213.77.11:41233",
-             "OMPI_MCA_ess_base_jobid": "2197356547"}
+OMPI_PPR1 = ompi(1, 2, 0, 1, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
+                 OMPI_MCA_orte_hnp_uri="2197356547.0;tcp://10.213.77.11:41233",
+                 OMPI_MCA_ess_base_jobid="2197356547")
 
 
 # Everything these tests need is on CI's machine (.venv's torch, .venvs/lightning, Open MPI,

@@ -15,7 +15,7 @@ import pytest
 import distenv
 import distenv.tensorflow as dtf
 from distenv import DistEnvError, ports
-from envs import platform, recorded, slurm, torchrun
+from envs import ompi, platform, recorded, slurm, torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -121,10 +121,8 @@ def test_torchrun_across_nodes_says_what_is_missing():
 
 
 def mpi_two_nodes(rank):
-    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % 2), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_MCA_orte_num_nodes": "2",
-            "OMPI_MCA_orte_hnp_uri": "123.0;tcp://10.0.0.1:4000", "OMPI_MCA_ess_base_jobid": "55"}
+    return ompi(rank, 4, rank % 2, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
+                OMPI_MCA_orte_hnp_uri="123.0;tcp://10.0.0.1:4000", OMPI_MCA_ess_base_jobid="55")
 
 
 def test_mpi_across_nodes_without_hosts_names_the_fix():

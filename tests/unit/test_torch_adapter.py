@@ -13,6 +13,7 @@ import pytest
 from distenv import DistEnvError, resolve
 from distenv.torch import (DEFAULT_RENDEZVOUS_TIMEOUT, choose_backend, choose_device,
                            choose_threads, per_node_message, rendezvous_timeout)
+from envs import ompi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures", "launchers")
@@ -26,11 +27,8 @@ def ranks(layout):
 
 def per_node_env():
     """One Open MPI process on each of 2 nodes, asked to start 2 workers each."""
-    return {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
-            "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_ess_base_jobid": "77",
-            "OMPI_MCA_orte_hnp_uri": "76.0;tcp://10.213.77.11:4000",
-            "DISTENV_NPROC_PER_NODE": "2"}
+    return ompi(1, 2, 0, 1, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_ess_base_jobid="77",
+                OMPI_MCA_orte_hnp_uri="76.0;tcp://10.213.77.11:4000", DISTENV_NPROC_PER_NODE="2")
 
 
 # -- device --------------------------------------------------------------------------------

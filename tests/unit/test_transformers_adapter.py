@@ -14,12 +14,10 @@ import pytest
 
 import distenv.transformers as dt
 from distenv import DistEnvError, resolve
-from envs import slurm_task
+from envs import ompi, slurm_task
 
-OPENMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-           "OMPI_MCA_orte_num_nodes": "1", "OMPI_MCA_ess_base_jobid": "3351838721",
-           "PMIX_RANK": "1", "PMIX_NAMESPACE": "3351838721"}
+OPENMPI = ompi(1, 2, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1",
+               OMPI_MCA_ess_base_jobid="3351838721", PMIX_RANK="1", PMIX_NAMESPACE="3351838721")
 PREFIXES = ("OMPI_", "PMIX_", "PMI_", "MPI_LOCAL", "HYDRA_", "SLURM_", "TORCHELASTIC_",
             "AZ_BATCH", "AZUREML_", "SM_", "PALS_", "FLUX_", "JSM_", "LSB_", "HOROVOD_", "PET_",
             "MV2_", "I_MPI_", "ACCELERATE_")
