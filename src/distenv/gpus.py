@@ -106,6 +106,27 @@ def one_device(d: "DistEnv", count: int, env: "Mapping[str, str]", seen: str = "
                  + (f" ({seen})" if seen else ""), seen, listed)
 
 
+def device_index(d: "DistEnv", count: int, env: "Mapping[str, str]", instead: str
+                 ) -> "tuple[int | None, str]":
+    """(this process's device among the `count` a framework sees, or None for none; why):
+    `one_device` for the frameworks that pin one device per process (torch, Horovod). More
+    local processes than devices with nothing narrowed is an error, never two processes on one
+    GPU (NCCL refuses a duplicate GPU); `instead` ends its Fix (the framework's CPU way out)."""
+    from .errors import DistEnvError
+
+    got = one_device(d, count, env)
+    if got.kind == CROWDED:
+        nlocal = d.local_world_size
+        raise DistEnvError(
+            f"{nlocal} processes on this node (local_world_size={nlocal}, "
+            f"{d.provenance.get('local_world_size', '')}) but only {count} CUDA devices "
+            "visible and CUDA_VISIBLE_DEVICES is unset. Fix: start one process per GPU "
+            f"(e.g. -np {count} per node), give each task its own GPUs (srun --gpus-per-task), "
+            f"or {instead}."
+        )
+    return (got.positions[0] if got.positions else None), got.why
+
+
 def share(d: "DistEnv", env: "Mapping[str, str]", split: bool = False) -> Share:
     """The GPUs of `visible_gpus(env)` this process takes.
 

@@ -14,8 +14,10 @@ rank: each process trains alone and all exit 0. `init()`:
    HOROVOD_* variables horovodrun would have set (rank, sizes, cross ranks, rendezvous
    address, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). Override with
    ``controller=`` or DISTENV_HOROVOD_CONTROLLER=mpi|gloo;
-3. pins the device by local rank (`torch.cuda.set_device`), and sizes torch's CPU threads
-   from this process's share;
+3. pins the device by the core's one-device policy, as `distenv.torch` does
+   (`distenv.gpus.device_index`: local rank N takes device N, a task narrowed to its own GPU
+   takes it, more local processes than GPUs is an error, never two on one GPU), and sizes
+   torch's CPU threads from this process's share;
 4. calls `hvd.init()` and checks `hvd.size()` and `hvd.rank()` against the launch: a
    mismatch is a `DistEnvError`, never a silent size 1.
 
@@ -225,8 +227,15 @@ def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | 
     if framework == "torch":
         import torch
 
-        if torch.cuda.is_available():
-            torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        if torch.cuda.is_available():  # the core's one-device policy, as distenv.torch's
+            from .gpus import device_index
+            from .log import get_logger
+
+            index, why = device_index(d, torch.cuda.device_count(), os.environ,
+                                      "hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs")
+            if index is not None:
+                torch.cuda.set_device(index)
+                get_logger(__name__).debug(f"CUDA device {index}: {why}")
         if threads and not os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(_share_of_cores(d))
     return hvd

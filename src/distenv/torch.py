@@ -81,19 +81,10 @@ def choose_device(env: DistEnv, cuda_count: int, environ: "Mapping[str, str] | N
 
     `cuda_count` is what torch.cuda.device_count() sees, i.e. after CUDA_VISIBLE_DEVICES.
     """
-    from .gpus import CROWDED, one_device
+    from .gpus import device_index
 
-    share = one_device(env, cuda_count, os.environ if environ is None else environ)
-    if share.kind == CROWDED:
-        nlocal = env.local_world_size
-        raise DistEnvError(
-            f"{nlocal} processes on this node (local_world_size={nlocal}, "
-            f"{env.provenance.get('local_world_size', '')}) but only {cuda_count} CUDA devices "
-            "visible and CUDA_VISIBLE_DEVICES is unset. Fix: start one process per GPU "
-            f"(e.g. -np {cuda_count} per node), give each task its own GPUs (srun --gpus-per-task), "
-            "or pass backend='gloo'."
-        )
-    return (share.positions[0] if share.positions else None), share.why
+    return device_index(env, cuda_count, os.environ if environ is None else environ,
+                        "pass backend='gloo'")
 
 
 def choose_backend(requested: "str | None", device_index: "int | None", nccl: bool) -> str:

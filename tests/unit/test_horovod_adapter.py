@@ -234,3 +234,43 @@ def test_the_untested_tensorflow_path_is_refused_before_anything_is_set_up(frame
     assert dict(os.environ) == before
     with pytest.raises(ValueError, match="supports 'torch'"):
         dh.init("mxnet", env=recorded("openmpi4-np2", 0))
+
+
+def _cuda(torch, count):
+    torch.devices = []
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: count,
+                                       set_device=torch.devices.append)
+
+
+@pytest.mark.parametrize("count, visible, want", [
+    (4, None, 2),      # a device per local process: local rank 2 takes device 2
+    (1, "5", 0),       # the scheduler narrowed this task to its own GPU
+    (8, None, 2),      # more devices than processes: still local rank's own
+])
+def test_init_pins_the_device_by_the_core_s_policy(fake_horovod, monkeypatch, count, visible, want):
+    hvd, torch = fake_horovod
+    hvd._size, hvd._rank, hvd._local = 4, 2, 2
+    _cuda(torch, count)
+    for k, v in recorded("openmpi4-np4", 2).items():
+        monkeypatch.setenv(k, v)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    dh.init("torch")
+    assert torch.devices == [want]
+
+
+def test_init_refuses_two_processes_on_one_gpu(fake_horovod, monkeypatch):
+    """4 processes, 2 GPUs, nothing narrowed: Horovod's own local_rank % count would put two
+    processes on each GPU (NCCL refuses a duplicate GPU); distenv.torch refuses it too."""
+    hvd, torch = fake_horovod
+    hvd._size, hvd._rank, hvd._local = 4, 2, 2
+    _cuda(torch, 2)
+    for k, v in recorded("openmpi4-np4", 2).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(DistEnvError, match=r"4 processes on this node.*only 2 CUDA devices.*"
+                                           r"Fix: .*CUDA_VISIBLE_DEVICES=\) to train on CPUs"):
+        dh.init("torch")
+    assert torch.devices == []
