@@ -534,7 +534,8 @@ def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = 
     _done = (os.getpid(), answer)
     from .log import get_logger
 
-    get_logger(__name__).debug(f"PMIx ({answer.mode}, {answer.lib}, {answer.version}): "
+    relayed = ", the connection held by the relay" if answer.relayed else ""
+    get_logger(__name__).debug(f"PMIx ({answer.mode}{relayed}, {answer.lib}, {answer.version}): "
                                f"{answer.size} ranks on {len(set(answer.hosts))} hosts in "
                                f"{answer.seconds * 1000:.0f} ms")
     return answer
