@@ -56,7 +56,8 @@ def main() -> int:
         "launcher_cmd": a.cmd,
         "launcher_version": a.version,
         "rank_var": rank_var,
-        "ranks": [{"hostname": r["hostname"], "env": r["env"]} for r in ranks],
+        "ranks": [{"hostname": r["hostname"], "env": r["env"],
+                   **({"apinfo": r["apinfo"]} if "apinfo" in r else {})} for r in ranks],
     }
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=False)

@@ -6,6 +6,8 @@ Run it as every rank of a launcher (``mpirun -np 4 python record_env.py``, ``sru
 
     {"hostname": "...", "pid": 123, "env": {"OMPI_COMM_WORLD_RANK": "0", ...}}
 
+plus, under Cray PALS (``PALS_APINFO``), ``"apinfo"``: the placement file, base64.
+
 Standard library only, so any python3 works (the launcher's venv, the system one).
 
 Which variables: only launcher variables, i.e. names that start with one of PREFIXES or
@@ -66,7 +68,17 @@ def clean_value(name: str, value: str) -> str:
 def record(environ: dict[str, str] | None = None) -> dict:
     environ = os.environ if environ is None else environ
     env = {k: clean_value(k, v) for k, v in sorted(environ.items()) if is_launcher_var(k)}
-    return {"hostname": socket.gethostname(), "pid": os.getpid(), "env": env}
+    out = {"hostname": socket.gethostname(), "pid": os.getpid(), "env": env}
+    apinfo = environ.get("PALS_APINFO")
+    if apinfo:  # Cray PALS's placement file (distenv.apinfo): kept whole, base64
+        import base64
+
+        try:
+            with open(apinfo, "rb") as f:
+                out["apinfo"] = base64.b64encode(f.read(1 << 20)).decode()
+        except OSError as exc:
+            out["apinfo_error"] = exc.strerror or str(exc)
+    return out
 
 
 def main() -> int:

@@ -180,6 +180,22 @@ def _torchrun_srun(cmd, extra):
             *extra, "--no-python", *cmd]
 
 
+#: srun's arbitrary distribution with rank 0 on node2 (the sorted node list starts with node1).
+ARBITRARY = ("-N2", "-n4", "--distribution=arbitrary", "-w", "node2,node1,node1,node2")
+#: What SLURM's variables cannot prove in those layouts (sources/slurm.py, layout_doubt).
+DOUBT = frozenset({"node_rank", "master_addr"})
+
+
+def _het(mpi: str) -> Argv:
+    """One heterogeneous step in an ordinary allocation: component 0 (task 0) alone on
+    node2, component 1 on node1. (A heterogeneous *job*, ``srun A : B`` without salloc,
+    waited 26-30 s here for the scheduler; the step starts at once.)"""
+    def build(cmd, extra):
+        return ["salloc", "-N2", "-n4", "srun", mpi, *extra, "-N1", "-n1", "-w", "node2", *cmd,
+                ":", "-N1", "-n2", "-w", "node1", *cmd]
+    return build
+
+
 L = table.launchers_dir()
 OMPI5 = str(L / "openmpi5" / "bin" / "mpirun")
 MPICH5 = str(L / "mpich5" / "bin" / "mpiexec")
@@ -288,6 +304,21 @@ _layouts = [
            plain(IMPI, "-np", "4", "-ppn", "2", "-genv", "FI_PROVIDER", "tcp"), NODES,
            batch=("-N2", "--ntasks-per-node=2"), also=("intelmpi",),
            unknown=frozenset({"num_nodes", "nproc_per_node", "master_addr"})),
+    # SLURM's other MPI plugins (issue 28): HPE Cray PALS (cray_shasta) and PMI-2, in the
+    # layouts the step's variables place and in those they cannot (arbitrary, heterogeneous:
+    # rank 0 on node2 while the sorted node list starts with node1).
+    Layout("slurm", "N2-n4-cray", "slurm2", 4, "slurm", "slurm",
+           plain("srun", "--mpi=cray_shasta", "-N2", "-n4"), NODES, note="3 + 1"),
+    Layout("slurm", "N2-n4-cray-cyclic", "slurm2", 4, "slurm", "slurm",
+           plain("srun", "--mpi=cray_shasta", "-N2", "-n4", "-m", "cyclic"), NODES),
+    Layout("slurm", "N2-n4-cray-arbitrary", "slurm2", 4, "slurm", "slurm",
+           plain("srun", "--mpi=cray_shasta", *ARBITRARY), NODES, unknown=DOUBT),
+    Layout("slurm", "N2-cray-het", "slurm2", 3, "slurm", "slurm", _het("--mpi=cray_shasta"),
+           NODES, unknown=DOUBT | {"nproc_per_node"}),
+    Layout("slurm", "N2-n4-pmi2-arbitrary", "slurm2", 4, "slurm", "slurm",
+           plain("srun", "--mpi=pmi2", *ARBITRARY), NODES, unknown=DOUBT),
+    Layout("slurm", "N2-pmi2-het", "slurm2", 3, "slurm", "slurm", _het("--mpi=pmi2"),
+           NODES, unknown=DOUBT | {"nproc_per_node"}),
     Layout("torchrun", "srun-N2-2x2", "slurm2", 4, "torchrun", "torchrun", _torchrun_srun,
            NODES, also=("slurm",), torch=True,
            note="srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 2, "
@@ -585,6 +616,12 @@ FIXTURE_NAMES = {
     "slurm-N2-sbatch-mpich4": "cluster-sbatch-mpich4-2x2",
     "slurm-N2-sbatch-intelmpi": "cluster-sbatch-intelmpi-2x2",
     "torchrun-srun-N2-2x2": "cluster-srun-torchrun-2x2",
+    "slurm-N2-n4-cray": "cluster-srun-cray-n4",
+    "slurm-N2-n4-cray-cyclic": "cluster-srun-cray-n4-cyclic",
+    "slurm-N2-n4-cray-arbitrary": "cluster-srun-cray-n4-arbitrary",
+    "slurm-N2-cray-het": "cluster-srun-cray-het",
+    "slurm-N2-n4-pmi2-arbitrary": "cluster-srun-pmi2-n4-arbitrary",
+    "slurm-N2-pmi2-het": "cluster-srun-pmi2-het",
 }
 
 

@@ -160,7 +160,9 @@ def test_node_ranks(need, name):
             assert d["node_rank"] is None, table(recs, "node_rank")
         else:
             assert d["node_rank"] == index[r["hostname"]], table(recs, "node_rank")
-        if r["truth"].get("node_rank") is not None:
+        if r["truth"].get("node_rank") is not None and "node_rank" not in lay.unknown:
+            # (where distenv must leave it unknown, the launcher's own index -- SLURM_NODEID
+            # under an arbitrary or heterogeneous layout -- is not the order by lowest rank)
             assert d["node_rank"] == r["truth"]["node_rank"], table(recs, "node_rank")
         if "num_nodes" in lay.unknown:
             assert d["num_nodes"] is None, table(recs, "num_nodes")

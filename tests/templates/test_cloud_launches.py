@@ -338,8 +338,8 @@ def test_pbs_templates_on_cray_pals(fake_gpus, planner):
 
     port = {"MASTER_ADDR": "x1000c0s0b0n0", "MASTER_PORT": str(20000 + 4242 % 10000)}
     env = resolve({**_pals(5, 8, 1, 4, 1), **port})
-    assert (env.launcher, env.launch, env.rank, env.world_size, env.node_rank) == (
-        "pals", "per-process", 5, 8, 1)
+    assert (env.launcher, env.launch, env.rank, env.world_size) == ("pals", "per-process", 5, 8)
+    assert env.node_rank is None  # PALS_NODEID is PALS's node index, not the node rank
     scratch: dict = {}
     env.export(scratch)
     assert scratch["MASTER_ADDR"] == "x1000c0s0b0n0"

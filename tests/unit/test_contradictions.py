@@ -23,7 +23,8 @@ LAUNCHERS = {
                  {"rank": "MV2_COMM_WORLD_RANK"}),
     "pals": ({"PALS_RANKID": "1", "PMI_RANK": "1", "PMI_SIZE": "2", "PALS_LOCAL_RANKID": "1",
               "PALS_LOCAL_SIZE": "2", "PALS_NODEID": "0"},
-             {"rank": "PALS_RANKID", "node_rank": "PALS_NODEID"}),
+             # node_rank: the one-node rule, never PALS_NODEID (sources/pals.py)
+             {"rank": "PALS_RANKID"}),
     "flux": ({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2", "FLUX_TASK_LOCAL_ID": "1",
               "FLUX_JOB_NNODES": "1", "FLUX_JOB_ID": "f1"},
              {"rank": "FLUX_TASK_RANK", "local_rank": "FLUX_TASK_LOCAL_ID"}),
