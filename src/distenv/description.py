@@ -56,19 +56,24 @@ class Why(str):
 
 
 class Note(str):
-    """A note, and the field it is about (`about`): a note about a field a service later fills
-    (a world size, a port) is dropped by looking at `about`, never at its text."""
+    """A note, and the field(s) it is about (`about`): a note about fields a service later
+    fills (a world size, a port, rank 0's host) is dropped by looking at `about`, never at its
+    text. `kind` UNKNOWN marks the resolver's one note that lists every unknown field
+    (`distenv.resolver.unknown_note`), which is rebuilt when some of them get known."""
 
-    __slots__ = ("about",)
-    about: "str | None"
+    __slots__ = ("about", "kind")
+    about: "tuple[str, ...]"
+    kind: "str | None"
 
-    def __new__(cls, text: str, about: "str | None" = None) -> "Note":
+    def __new__(cls, text: str, about: "str | tuple[str, ...] | None" = None,
+                kind: "str | None" = None) -> "Note":
         self = super().__new__(cls, text)
-        self.about = about
+        self.about = (about,) if isinstance(about, str) else tuple(about or ())
+        self.kind = kind
         return self
 
     def __reduce__(self) -> "tuple[Any, ...]":
-        return (Note, (str(self), self.about))
+        return (Note, (str(self), self.about, self.kind))
 
 
 DEFAULT = "default"
@@ -86,9 +91,10 @@ def unknown(reason: str) -> Why:
     return Why(f"unknown: {reason}", UNKNOWN)
 
 
-def about(note: str) -> "str | None":
-    """The field a note is about (None for plain text)."""
-    return getattr(note, "about", None)
+def about(note: str) -> "tuple[str, ...]":
+    """The fields a note is about (none for plain text)."""
+    fields: "tuple[str, ...]" = getattr(note, "about", ())
+    return fields
 
 
 class Later:

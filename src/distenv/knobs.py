@@ -118,3 +118,8 @@ def gather(environ: "Mapping[str, str] | None" = None) -> "str | None":
 def truthy(value: object) -> bool:
     """A yes/no knob's value: 1, true, yes, on."""
     return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def switched_off(environ: "Mapping[str, str] | None", name: str) -> bool:
+    """An on-by-default switch (DISTENV_PMI, DISTENV_PMIX, ...) turned off: 0, no, off, false."""
+    return _environ(environ).get(name, "").strip().lower() in ("0", "no", "off", "false")

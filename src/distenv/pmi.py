@@ -88,8 +88,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-#: The process name (/proc/<pid>/comm) of Hydra's proxy: MPICH 4.0, MPICH 5, Intel MPI 2021.
-PROXY_NAMES = ("hydra_pmi_proxy",)
+#: The daemons that speak PMI-1 to the processes they start, by process name
+#: (/proc/<pid>/comm), and how this client calls them: Hydra's proxy (MPICH 4.0, MPICH 5,
+#: Intel MPI 2021: measured) and SLURM's slurmstepd (``srun --mpi=pmi2``, whose plugin also
+#: speaks PMI-1 on PMI_FD: measured, SLURM 22.05).
+SERVERS = {"hydra_pmi_proxy": "Hydra", "slurmstepd": "SLURM"}
+#: Longest line read from the launcher (a PMI-1 answer is a few KB: a value is at most
+#: vallen_max, 1024 or 4096 measured); more is not this protocol.
+MAX_LINE = 1 << 16
 #: The environment variable `distenv run` passes to the command it execs ("<pid>[:<fd>]").
 HELD_VAR = "DISTENV_PMI_HELD"
 #: Key prefix in the job's key-value space (MPICH's own keys are P<rank>-businesscard, ...).
@@ -103,15 +109,18 @@ class PMIError(DistEnvError):
 
 
 class Offer:
-    """How this process reaches its launcher's service: ``mode`` "fd" or "port"."""
+    """How this process reaches its launcher's service: ``mode`` "fd" or "port"; `server`
+    "Hydra" or "SLURM" (`SERVERS`); `chain` the processes between the daemon and this one
+    (`distenv.discovery.chain`), None in tests."""
 
-    __slots__ = ("mode", "fd", "addr", "pmiid", "rank", "size", "why")
+    __slots__ = ("mode", "fd", "addr", "pmiid", "rank", "size", "why", "server", "chain")
 
     def __init__(self, mode: str, why: str, fd: "int | None" = None,
                  addr: "tuple[str, int] | None" = None, pmiid: "int | None" = None,
-                 rank: "int | None" = None, size: "int | None" = None) -> None:
+                 rank: "int | None" = None, size: "int | None" = None, server: str = "Hydra",
+                 chain: Any = None) -> None:
         self.mode, self.why, self.fd, self.addr, self.pmiid = mode, why, fd, addr, pmiid
-        self.rank, self.size = rank, size
+        self.rank, self.size, self.server, self.chain = rank, size, server, chain
 
     def __repr__(self) -> str:
         return f"Offer({self.mode!r}, {self.why!r})"
@@ -135,25 +144,43 @@ def _comm(pid: int) -> str:
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, why) or (None, why not). Reads /proc and fstat's the fd:
     call it only where communication is about to happen."""
+    from .knobs import switched_off
+
     environ = os.environ if environ is None else environ
-    if environ.get("DISTENV_PMI", "").strip().lower() in ("0", "no", "off", "false"):
+    if switched_off(environ, "DISTENV_PMI"):
         return None, "DISTENV_PMI=0"
-    if "MPI_LOCALRANKID" not in environ:  # Hydra's own marker (the source's detect())
-        return None, "not started by Hydra (no MPI_LOCALRANKID)"
     has_fd, has_port = "PMI_FD" in environ, "PMI_PORT" in environ and "PMI_ID" in environ
     if not (has_fd or has_port):
-        return None, "Hydra gave no PMI_FD nor PMI_PORT/PMI_ID"
+        return None, "no PMI-1 service (neither PMI_FD nor PMI_PORT/PMI_ID is set)"
     refused = refusal(environ, HELD_VAR, os.getpid())
     if refused is not None:
         return None, refused
-    parent = os.getppid()
-    name = _comm(parent)
-    if name not in PROXY_NAMES:
-        return None, (f"the parent process ({parent}, {name or 'unknown'}) is not Hydra's "
-                      "proxy: the PMI variables were inherited, and the connection belongs "
-                      "to an ancestor (start the program with `exec` from a wrapper script)")
+    from .discovery.chain import walk
+
+    chain, why_not = walk(lambda pid: SERVERS.get(_comm(pid)), ", ".join(SERVERS))
+    if chain is None:
+        return None, why_not
+    server = chain.kind
     rank = _int(environ, "PMI_RANK")
     size = _int(environ, "PMI_SIZE")
+    if server == "SLURM":
+        # The stepd answers one `init` per task and kills the step on a second (measured):
+        # distenv's own exchange is that one, and its relay (distenv._holder) answers the
+        # MPI library's later init. A job script between them could start another program
+        # that inits on the script's own connection, which no relay sees.
+        if chain.wrapped:
+            return None, (f"under SLURM's stepd the PMI connection belongs to the job script "
+                          f"({' < '.join(chain.between)}), which may start another program that "
+                          "initializes MPI on it; the stepd kills the step on a second init. Fix: "
+                          "end the job script with `exec python ...`, or launch with srun "
+                          "--mpi=pmix")
+        loaded = _mpi_loaded()
+        if loaded:
+            return None, (f"an MPI library is loaded in this process ({loaded}) and may have "
+                          "used the stepd's one init already. Fix: call distenv before "
+                          "importing mpi4py, or let mpi4py discover (method='mpi4py')")
+        if not has_fd:
+            return None, "SLURM's stepd gave no PMI_FD"
     if has_fd:
         fd = _int(environ, "PMI_FD")
         if fd is None:
@@ -166,11 +193,11 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
             peer = _peer_pid(fd)
         except OSError as exc:
             return None, f"PMI_FD={fd} is not open in this process ({exc.strerror})"
-        if peer is not None and peer != parent:
-            return None, (f"PMI_FD={fd} is connected to process {peer}, not to the parent "
-                          f"proxy {parent}")
-        return Offer("fd", f"PMI_FD={fd} from Hydra's proxy (pid {parent})", fd=fd,
-                     rank=rank, size=size), ""
+        if peer is not None and peer != chain.daemon:
+            return None, (f"PMI_FD={fd} is connected to process {peer}, not to the launcher's "
+                          f"{chain.name} ({chain.daemon})")
+        return Offer("fd", f"PMI_FD={fd} from {server}'s {chain.name} (pid {chain.daemon})",
+                     fd=fd, rank=rank, size=size, server=server, chain=chain), ""
     host, _, port = environ["PMI_PORT"].rpartition(":")
     pmiid = _int(environ, "PMI_ID")
     if not host or not port.isdigit() or pmiid is None:
@@ -178,7 +205,20 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
                       "are not <host>:<port> and a number")
     return Offer("port", f"PMI_PORT={environ['PMI_PORT']} PMI_ID={pmiid} (Hydra -pmi-port)",
                  addr=(host, int(port)), pmiid=pmiid, rank=pmiid if rank is None else rank,
-                 size=size), ""
+                 size=size, server=server, chain=chain), ""
+
+
+def _mpi_loaded() -> str:
+    """The MPI or PMI library mapped in this process, or "" (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                name = os.path.basename(line.rstrip().rsplit(" ", 1)[-1])
+                if name.startswith(("libmpi.so", "libmpich.so", "libpmi.so", "libpmi2.so")):
+                    return name
+    except OSError:
+        pass
+    return ""
 
 
 def _peer_pid(fd: int) -> "int | None":
@@ -200,7 +240,7 @@ class _Conn:
     """One PMI-1 conversation; every read ends by `deadline` (time.monotonic())."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock, self.deadline, self.buf = sock, deadline, b""
+        self.sock, self.deadline, self.buf, self.last = sock, deadline, b"", ""
 
     def send(self, line: str) -> None:
         self.sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
@@ -209,6 +249,9 @@ class _Conn:
     def recv(self, expect: str) -> "dict[str, str]":
         """The next answer, parsed; ``cmd`` must be `expect`."""
         while b"\n" not in self.buf:
+            if len(self.buf) > MAX_LINE:
+                raise PMIError(f"the launcher sent {len(self.buf)} bytes without a line end: "
+                               "not PMI-1. Fix: set MASTER_ADDR (and NODE_RANK), or DISTENV_PMI=0.")
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise socket.timeout("timed out")
@@ -218,6 +261,7 @@ class _Conn:
                 raise ConnectionError("the launcher closed the connection")
             self.buf += data
         line, _, self.buf = self.buf.partition(b"\n")
+        self.last = line.decode(errors="replace")
         fields = dict(part.partition("=")[::2] for part in line.decode(errors="replace").split())
         if fields.get("cmd") != expect:
             raise PMIError(f"the launcher answered {line[:200]!r} where cmd={expect} was due")
@@ -228,101 +272,70 @@ class _Conn:
         return self.recv(expect)
 
 
-_held: "int | None" = None   # pid of the process whose connection a watcher holds
-_kept: "list[socket.socket]" = []  # connections kept here when no watcher could be forked
+_kept: "list[socket.socket]" = []  # connections kept here when no holder could be started
 _done: "tuple[int, Exchange] | None" = None   # (pid, Exchange): one exchange per process
 _generation = 0
 
 
-def _hold(sock: socket.socket) -> None:
-    """Keep the connection open until this process ends, then send ``finalize``.
+def _hold(sock: socket.socket, found: Offer, init: str) -> None:
+    """After the exchange: the connection goes to the holder (`distenv._holder`), which keeps
+    it until the task ends and then sends ``finalize`` -- however the task ends: return,
+    ``os._exit``, an ``exec`` and the new program's exit. Measured: with -pmi-port (MPICH 4, 5)
+    a connection closed without ``finalize`` makes Hydra kill the job; with PMI_FD, Intel MPI
+    kills it when a rank that sent ``init`` exits without ``finalize``; a ``finalize`` while
+    the task lives breaks a later MPI_Init (module doc).
 
-    Measured: with -pmi-port (MPICH 4, 5) a connection closed without ``finalize`` makes
-    Hydra kill the job; with PMI_FD, Intel MPI kills it when a rank that sent ``init``
-    exits without ``finalize`` (MPICH does not mind). A ``finalize`` sent while the process
-    lives would break a later MPI_Init (see the module doc), so it is sent after.
-
-    A watcher process holds it: forked twice (so it is nobody's child: a shell that `wait`s
-    for its children, or a program `distenv run` exec'ed, never waits for it), with no
-    descriptor but the connection (so Hydra's output forwarding ends with the rank), it
-    waits for this process to end -- however it ends: return, ``os._exit``, an ``exec`` and
-    the new program's exit -- then sends ``finalize`` and closes. An ``atexit`` handler in
-    this process would miss ``os._exit`` and ``exec`` (Hydra then kills the job).
+    Under SLURM's stepd the holder is also a relay: the stepd accepts one ``init`` per task,
+    so this process's PMI_FD becomes one end of a socket pair whose other end the holder
+    joins to the stepd, answering a later ``init`` (MPI_Init's) with the stepd's answer to
+    ours (`init`) and passing every other line on. No holder (no process to spare): the
+    connection stays open here until this process exits, with a warning.
     """
-    global _held
-    import select  # imported before forking: the child must not import (import lock)
+    from . import _holder
 
-    watched = os.getpid()
-    keep = sock.fileno()
+    chain = found.chain
     try:
-        pid = os.fork()
-    except OSError as exc:  # no process to spare: keep the connection here, open until exit
+        holder = _holder.for_task(chain.task if chain else os.getpid(),
+                                  chain.task_start if chain else _holder.start_time(os.getpid()))
+        if found.server == "SLURM" and found.mode == "fd":
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                holder.ask("pmi_relay", fds=[sock.fileno(), theirs.fileno()], init=init)
+                # the relay takes PMI_FD's number: MPI_Init (here, or in a program this one
+                # execs or starts) speaks to it as it would to the stepd
+                os.dup2(mine.fileno(), found.fd, inheritable=True)  # type: ignore[arg-type]  # "fd": fd set
+            finally:
+                mine.close()
+                theirs.close()
+        else:
+            holder.ask("finalize", fds=[sock.fileno()])
+        sock.close()
+    except _holder.HolderError as exc:
         from .log import get_logger
 
         _kept.append(sock)
         get_logger(__name__).warning(
-            f"no watcher process for the launcher's connection ({exc.strerror}): if this rank "
-            "ends first, Hydra may end the job as failed")
-        return
-    if pid == 0:  # first child: fork the watcher and leave at once
-        try:
-            if os.fork() == 0:
-                _watch(watched, keep, select)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    sock.close()  # the watcher holds the connection now
-    _held = watched
-
-
-def _watch(watched: int, keep: int, select: Any) -> None:
-    """The watcher (see `_hold`): never returns."""
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, keep)
-        os.closerange(keep + 1, 1 << 16)
-        try:
-            pidfd = os.pidfd_open(watched)
-        except (AttributeError, OSError):  # before Linux 5.3: poll for the pid instead
-            pidfd = None
-        if pidfd is not None:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            poller.poll()
-        else:
-            while True:
-                try:
-                    os.kill(watched, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
-        sock = socket.socket(fileno=keep)
-        conn = _Conn(sock, time.monotonic() + 5.0)
-        conn.call("cmd=finalize", "finalize_ack")
-        sock.close()
-    except BaseException:  # noqa: BLE001 - nobody to report to; Hydra sees the close
-        pass
-    os._exit(0)
+            f"no holder for the launcher's connection ({exc}): if this rank ends first, the "
+            "launcher may end the job as failed" + (", and a later MPI_Init here fails (SLURM's "
+            "stepd accepts one init per task)" if found.server == "SLURM" else ""))
 
 
 def handoff() -> "str | None":
     """The value of `HELD_VAR` for a command this process is about to exec (``distenv run``):
-    ``<pid>;<mode>;<kvsname>;<host>*<count>,...`` (the hosts of ranks 0.. in runs), or None
-    when this process ran no exchange. Exec keeps the pid: the command is the same rank."""
+    ``<pid>;<mode>;<kvsname>;<host>*<count>,...;<server>`` (the hosts of ranks 0.. in runs),
+    or None when this process ran no exchange. Exec keeps the pid: the command is the same rank."""
     if not used():
         return None
     ex = _done[1]  # type: ignore[index]  # used() proved _done is set
-    return f"{os.getpid()};{ex.mode};{ex.kvsname or ''};" + encode_hosts(ex.hosts)
+    return f"{os.getpid()};{ex.mode};{ex.kvsname or ''};" + encode_hosts(ex.hosts) + f";{ex.server}"
 
 
 def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
     """The exchange this same process (same pid) ran before it exec'ed, from `HELD_VAR`."""
     environ = os.environ if environ is None else environ
     parts = environ.get(HELD_VAR, "").split(";")
-    if len(parts) != 4 or parts[0] != str(os.getpid()) or parts[1] not in ("fd", "port"):
+    if len(parts) != 5 or parts[0] != str(os.getpid()) or parts[1] not in ("fd", "port") \
+            or parts[4] not in SERVERS.values():
         return None
     hosts = decode_hosts(parts[3])
     if hosts is None:
@@ -333,7 +346,7 @@ def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
     if rank is None or rank >= len(hosts):
         return None
     return Exchange(rank, len(hosts), hosts, parts[1], 0.0, f"{HELD_VAR} (before exec)",
-                    parts[2] or None)
+                    parts[2] or None, server=parts[4])
 
 
 def used() -> bool:
@@ -344,12 +357,13 @@ def used() -> bool:
 class Exchange:
     """What the exchange found: ``hosts[r]`` is rank r's host name."""
 
-    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why", "kvsname", "port")
+    __slots__ = ("rank", "size", "hosts", "mode", "seconds", "why", "kvsname", "port", "server")
 
     def __init__(self, rank: int, size: int, hosts: "list[str]", mode: str, seconds: float,
-                 why: str, kvsname: "str | None" = None, port: "int | None" = None) -> None:
+                 why: str, kvsname: "str | None" = None, port: "int | None" = None,
+                 server: str = "Hydra") -> None:
         self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
-        self.seconds, self.why, self.kvsname = seconds, why, kvsname
+        self.seconds, self.why, self.kvsname, self.server = seconds, why, kvsname, server
         #: A TCP port rank 0 found free on its host (`free_port`), the same on every rank;
         #: None when none was found (or the answer came from before an exec).
         self.port = port
@@ -384,6 +398,7 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
     sock: "socket.socket | None"
     flags: "int | None"
     sock = flags = None
+    init = ""  # the launcher's answer to our init (SLURM's relay gives it to a later init)
     try:
         if found.mode == "fd":
             import fcntl
@@ -409,10 +424,11 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
         got = conn.call("cmd=init pmi_version=1 pmi_subversion=1", "response_to_init")
         if got.get("rc", "0") != "0":
             raise PMIError(f"the launcher refused PMI-1 init: {got}")
+        init = conn.last
         kvs = conn.call("cmd=get_my_kvsname", "my_kvsname")["kvsname"]
         if rank is None or size is None:
-            raise PMIError("Hydra gave no rank or size (PMI_RANK/PMI_SIZE, or the -pmi-port "
-                           "handshake)")
+            raise PMIError(f"{found.server} gave no rank or size (PMI_RANK/PMI_SIZE, or the "
+                           "-pmi-port handshake). Fix: set MASTER_ADDR (and NODE_RANK).")
         _generation += 1
         key = f"{KEY}-{_generation}-"
         got = conn.call(f"cmd=put kvsname={kvs} key={key}{rank} value={host}", "put_result")
@@ -444,19 +460,19 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
                     "MASTER_ADDR to skip the exchange.") from None
             hosts, port = _read_summary(conn, kvs, summary, size)
     except PMIError:
-        _release(sock, found, flags)
+        _release(sock, found, flags, init)
         raise
     except (OSError, ValueError, KeyError) as exc:
-        _release(sock, found, flags)
+        _release(sock, found, flags, init)
         if isinstance(exc, (socket.timeout, TimeoutError)):
             raise PMIError(f"the launcher's key-value service did not answer within {timeout:g} s "
                            f"({found.why}). Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, "
                            "or set MASTER_ADDR.") from None
         raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
                        f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
-    _release(sock, found, flags)
+    _release(sock, found, flags, init)
     result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why, kvs,
-                      port)
+                      port, found.server)
     _done = (os.getpid(), result)
     return result
 
@@ -514,10 +530,17 @@ def decode(text: str, size: int) -> "tuple[list[str], int | None]":
             if not 0 < port < 65536:
                 raise ValueError(raw_port)
         distinct = [_unescape(h) for h in names.split(",")]
+        if not all(distinct):
+            raise ValueError("an empty host name")
         hosts: "list[str]" = []
         for run in runs.split(","):
             i, _, n = run.partition("*")
-            hosts.extend([distinct[int(i)]] * (int(n) if n else 1))
+            index, count = int(i), (int(n) if n else 1)
+            # bounded by the job: a run past `size` ranks is not this job's summary (and
+            # would otherwise build a list of any length it names)
+            if index < 0 or count < 1 or len(hosts) + count > size:
+                raise ValueError(run)
+            hosts.extend([distinct[index]] * count)
     except (ValueError, IndexError):
         hosts = []
     if len(hosts) != size:
@@ -590,7 +613,7 @@ def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
     missing: "tuple[int, dict[str, str]] | None" = None
     for r in range(1, size):
         got = conn.call(f"cmd=get kvsname={kvs} key={key}{r}", "get_result")
-        if got.get("rc", "0") != "0" or "value" not in got:
+        if got.get("rc", "0") != "0" or not got.get("value"):
             missing = (r, got)
             break
         hosts.append(got["value"])
@@ -630,8 +653,10 @@ def _read_summary(conn: _Conn, kvs: str, summary: str, size: int) -> "tuple[list
         value = got["value"]
         if i == 0:
             head, _, value = value.partition(";")
-            if not head.isdigit() or int(head) < 1:
-                raise PMIError(f"rank 0's summary of the hosts is not distenv's ({got}). "
+            # a summary of `size` ranks takes at most ~17 parts per rank (hosts of 1000
+            # characters in values of 63): more is not this job's
+            if not head.isdigit() or not 1 <= int(head) <= 17 * size + 1:
+                raise PMIError(f"rank 0's summary of the hosts is not distenv's ({str(got)[:200]}). "
                                + STALE_SUMMARY)
             count = int(head)
         parts.append(value)
@@ -643,11 +668,11 @@ def _read_summary(conn: _Conn, kvs: str, summary: str, size: int) -> "tuple[list
     return decode(text, size)
 
 
-def _release(sock: "socket.socket | None", found: Offer, flags: "int | None") -> None:
-    """After the exchange (or its failure): PMI_FD gets its blocking mode back, and a watcher
-    takes the connection (`_hold`) to send ``finalize`` when this process ends, so the
-    rank's own exit status -- not a dropped connection, nor a missing ``finalize`` -- tells
-    Hydra how it ended."""
+def _release(sock: "socket.socket | None", found: Offer, flags: "int | None", init: str) -> None:
+    """After the exchange (or its failure): PMI_FD gets its blocking mode back, and the holder
+    takes the connection (`_hold`) to send ``finalize`` when the task ends, so the rank's own
+    exit status -- not a dropped connection, nor a missing ``finalize`` -- tells the launcher
+    how it ended."""
     if found.mode == "fd" and flags is not None:
         import fcntl
 
@@ -656,7 +681,7 @@ def _release(sock: "socket.socket | None", found: Offer, flags: "int | None") ->
         except OSError:
             pass
     if sock is not None:
-        _hold(sock)
+        _hold(sock, found, init)
 
 
 def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout: float) -> str:

@@ -108,14 +108,16 @@ class PMIxUnavailable(PMIxError):
 
 
 class Offer:
-    """How to reach this process's PMIx server: `libs` to try in order, the server's `kind`."""
+    """How to reach this process's PMIx server: `libs` to try in order, the server's `kind`;
+    `chain` the processes between the server and this one (`distenv.discovery.chain`), None
+    in tests."""
 
-    __slots__ = ("nspace", "rank", "kind", "server", "libs", "tried", "why")
+    __slots__ = ("nspace", "rank", "kind", "server", "libs", "tried", "why", "chain")
 
     def __init__(self, nspace: str, rank: int, kind: str, server: str, libs: "list[str]",
-                 tried: "list[str]", why: str) -> None:
+                 tried: "list[str]", why: str, chain: Any = None) -> None:
         self.nspace, self.rank, self.kind, self.server = nspace, rank, kind, server
-        self.libs, self.tried, self.why = libs, tried, why
+        self.libs, self.tried, self.why, self.chain = libs, tried, why, chain
 
     @property
     def mode(self) -> str:
@@ -230,8 +232,10 @@ def server_kind(pid: int, exe: "str | None" = None, comm: "str | None" = None) -
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, "") or (None, why not). Reads /proc: call it only where
     communication is about to happen."""
+    from .knobs import switched_off
+
     environ = os.environ if environ is None else environ
-    if environ.get("DISTENV_PMIX", "").strip().lower() in ("0", "no", "off", "false"):
+    if switched_off(environ, "DISTENV_PMIX"):
         return None, "DISTENV_PMIX=0"
     nspace, rank = environ.get("PMIX_NAMESPACE", ""), environ.get("PMIX_RANK", "").strip()
     if not nspace or not any(k.startswith("PMIX_SERVER_URI") for k in environ):
@@ -241,16 +245,15 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
     refused = refusal(environ, HELD_VAR, os.getpid())
     if refused is not None:
         return None, refused
-    parent = os.getppid()
-    name, kind = server_kind(parent)
-    if kind is None:
-        return None, (f"the parent process ({parent}, {name or 'unknown'}) is not a PMIx "
-                      "server (orted, prted, slurmstepd, ...): the PMIx variables were "
-                      "inherited from an ancestor (start the program with `exec` from a "
-                      "wrapper script)")
-    libs, tried = candidates(environ, kind, parent)
-    why = f"PMIx server {name} (pid {parent})"
-    return Offer(nspace, int(rank), kind, name, libs, tried, why), ""
+    from .discovery.chain import walk
+
+    chain, why_not = walk(lambda pid: server_kind(pid)[1],
+                          "orted, prted, prterun, mpirun, slurmstepd")
+    if chain is None:
+        return None, why_not
+    libs, tried = candidates(environ, chain.kind, chain.daemon)
+    why = f"PMIx server {chain.name} (pid {chain.daemon})"
+    return Offer(nspace, int(rank), chain.kind, chain.name, libs, tried, why, chain), ""
 
 
 # -- the library ------------------------------------------------------------------------------
@@ -458,30 +461,30 @@ def _in_child(found: Offer, timeout: float) -> Placement:
         raise PMIxUnavailable("no Python interpreter to run the PMIx query in (sys.executable "
                               "is empty). Fix: set MASTER_ADDR (and NODE_RANK).")
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # -S -E -s: a bare interpreter (nothing from site or PYTHON* runs before the query);
-    # distenv is found through `src`. The environment (PMIX_*) is this process's.
-    argv = [sys.executable, "-S", "-E", "-s", "-c", _CHILD, src, *found.libs]
-    # Through a relay that holds the server's end of the child's connection until this
-    # process ends: a close that overtakes the server's "finalized" mark makes it count
-    # this rank as lost, and MPI_Init here would hang (pmix_relay explains).
-    relay = open_relay(os.environ)
+    # -I -S: an isolated, bare interpreter (no current directory, user site, site or PYTHON*
+    # variable runs before the query: a json.py in the rank's working directory ran inside it
+    # with -S -E -s); distenv is found through `src`. The environment (PMIX_*) is this process's.
+    argv = [sys.executable, "-I", "-S", "-c", _CHILD, src, *found.libs]
+    # Through a relay that holds the server's end of the child's connection until the task
+    # ends: a close that overtakes the server's "finalized" mark makes it count this rank as
+    # lost, and MPI_Init here would hang (pmix_relay explains).
+    relay = open_relay(os.environ, found.chain)
     env = None if relay is None else {**os.environ, **relay.env}
+    ok = False
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL, env=env)
+        ok = True
     except subprocess.TimeoutExpired:
-        if relay is not None:
-            relay.stop(drop=True)
         raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
                         "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
                         "MASTER_ADDR.") from None
     except OSError as exc:  # no interpreter to start (embedded Python): nothing to ask with
-        if relay is not None:
-            relay.stop(drop=True)
         raise PMIxUnavailable(f"could not start the PMIx query process {sys.executable!r} "
                               f"({exc}). Fix: set MASTER_ADDR (and NODE_RANK).") from None
-    if relay is not None:
-        relay.stop()
+    finally:  # whatever ended the query (a KeyboardInterrupt too), the relay stops listening
+        if relay is not None:
+            relay.stop(drop=not ok)
     lines = p.stdout.strip().splitlines()
     try:
         got = json.loads(lines[-1]) if lines else None

@@ -11,25 +11,28 @@ own ``MPI_Init`` waits forever in a fence the other ranks already left (about 1 
 here; a client that never finalizes loses this way every time). The fix upstream moves that
 callback into the server's thread (openpmix#3605); servers in use still have the race.
 
-With the relay the query process talks to the server through this process: when the query
-process finalizes and exits, the relay keeps the server's connection open and drains it. The
-server sees the close when this process exits (the held socket survives ``exec``, so with
-``distenv run`` when the command exits), long after it marked the client, so the close can
-no longer overtake the mark.
+With the relay the query process talks to the server through the task's holder
+(`distenv._holder`, a small exec'ed process): when the query process finalizes and exits, the
+holder keeps the server's connection open and drains it. The server sees the close when the
+task ends (the launcher's process: this one, or the job script that runs it; with ``distenv
+run``, the command it execs), long after it marked the client, so the close can no longer
+overtake the mark.
 
 Only for servers reached over TCP (``PMIX_SERVER_URI*`` = ``<nspace>.<rank>;tcp4://...`` or
 ``tcp6://``, all naming one address); otherwise `open_relay` returns None and the query
-process connects directly, as before. The relay listens on loopback only while the query
-runs, and reaches nothing a local process could not reach already (the server listens on the
-same loopback). Standard library only.
+process connects directly, as before. Who may connect: the listener is on loopback, only while
+the query runs; the holder accepts only connections owned by this user (the kernel's
+/proc/net/tcp), at most `MAX_CONNECTIONS`, and holds only those that carried the query (one
+that never sent a byte is closed). It reaches nothing a local process could not reach already
+(the server listens on the same loopback). Standard library only.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False  # typing stays out of `import distenv`
 if TYPE_CHECKING:
-    import socket
     from collections.abc import Mapping
+    from typing import Any
 
 #: The prefix of the variables that give the server's address, one per protocol version.
 URI_PREFIX = "PMIX_SERVER_URI"
@@ -54,117 +57,67 @@ def server_address(environ: "Mapping[str, str]") -> "tuple[int, str, int] | None
     return found.pop() if len(found) == 1 else None
 
 
+#: Connections the relay accepts: the PMIx client opens one to its server (measured: one
+#: accept per query under PRRTE and slurmstepd); one more in case it reconnects.
+MAX_CONNECTIONS = 2
+
+
 class Relay:
-    """Listens on loopback; each connection it accepts is joined to the server."""
+    """A loopback listener whose connections the task's holder joins to the server."""
 
-    def __init__(self, environ: "Mapping[str, str]", family: int, host: str, port: int) -> None:
+    def __init__(self, environ: "Mapping[str, str]", family: int, host: str, port: int,
+                 chain: Any = None) -> None:
+        import os
         import socket
-        import threading
 
-        self.upstream = (host, port)
-        self.family = family
+        from . import _holder
+
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.bind(("127.0.0.1" if family == socket.AF_INET else "::1", 0))
-        self.listener.listen(4)
+        self.listener.listen(MAX_CONNECTIONS)
         here = self.listener.getsockname()[1]
         scheme = "tcp4://127.0.0.1" if family == socket.AF_INET else "tcp6://[::1]"
         #: The query process's PMIX_SERVER_URI* (same server name, the relay's address).
         self.env = {key: value.partition(";")[0] + f";{scheme}:{here}"
                     for key, value in environ.items() if key.startswith(URI_PREFIX)}
-        self.held: "list[socket.socket]" = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="distenv-pmix-relay", daemon=True).start()
-
-    def _accept(self) -> None:
-        import threading
-
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:  # closed: the query process has ended
-                return
-            threading.Thread(target=self._join, args=(client,), name="distenv-pmix-relay",
-                             daemon=True).start()
-
-    def _join(self, client: "socket.socket") -> None:
-        import selectors
-        import socket
-
+        task = chain.task if chain is not None else os.getpid()
+        task_start = chain.task_start if chain is not None else _holder.start_time(task)
         try:
-            server = socket.create_connection(self.upstream, timeout=30)
-            server.settimeout(None)
-            # kept across exec (`distenv run` execs the command): the close then waits for
-            # the command's end too; subprocess closes it in children it starts
-            server.set_inheritable(True)
-        except OSError:
-            client.close()  # the query process sees the server unreachable, as without us
-            return
-        with self._lock:
-            self.held.append(server)
-        # a selector, not select(): a big process may hold descriptors beyond FD_SETSIZE
-        with selectors.DefaultSelector() as sel:
-            sel.register(client, selectors.EVENT_READ, server)
-            sel.register(server, selectors.EVENT_READ, client)
-            try:
-                while True:  # both ways until the query process closes its end
-                    for key, _ in sel.select():
-                        data = key.fileobj.recv(65536)  # type: ignore[union-attr]
-                        if not data:
-                            if key.fileobj is server:
-                                return  # the server closed first: nothing left to hold
-                            raise EOFError  # the query process is done
-                        key.data.sendall(data)
-            except EOFError:
-                pass
-            except Exception:  # noqa: BLE001 - a broken pump must not hang the query process:
-                return  # its end closes (below), it fails; the server's end stays held
-            finally:
-                client.close()
-        try:  # hold the server's end open (and read what it still sends) until we exit
-            while server.recv(65536):
-                pass
-        except OSError:
-            pass
+            self.holder = _holder.for_task(task, task_start)
+            self.holder.ask("pmix_relay", fds=[self.listener.fileno()],
+                            server=[family, host, port], max=MAX_CONNECTIONS, uid=os.getuid())
+        finally:
+            self.listener.close()  # the holder listens now
 
     def stop(self, drop: bool = False) -> None:
         """No more connections; with `drop`, also close those held (the query failed: the
         server must see the loss now, as it would without the relay)."""
-        _close(self.listener)
-        if drop:
-            with self._lock:
-                for server in self.held:
-                    _close(server)
-                self.held.clear()
+        from . import _holder
+
+        try:
+            self.holder.ask("pmix_done", drop=drop)
+        except _holder.HolderError:
+            pass
 
 
-def _close(sock: "socket.socket") -> None:
-    """Close now, also when another thread waits in accept() or recv() on it (close alone
-    leaves the connection open until that call returns)."""
-    import socket
+def open_relay(environ: "Mapping[str, str]", chain: Any = None) -> "Relay | None":
+    """A started relay for the server `environ` names, held for `chain`'s task (default: this
+    process), or None (not TCP, no holder, or ``DISTENV_PMIX_RELAY=0``: the query connects
+    directly, for comparison or if the relay itself is in the way)."""
+    from .knobs import switched_off
 
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:  # not connected (a listener on some systems), or already closed
-        pass
-    sock.close()
-
-
-def open_relay(environ: "Mapping[str, str]") -> "Relay | None":
-    """A started relay for the server `environ` names, or None (not TCP, no loopback, or
-    ``DISTENV_PMIX_RELAY=0``: the query connects directly, for comparison or if the relay
-    itself is in the way)."""
-    if environ.get("DISTENV_PMIX_RELAY", "").strip().lower() in ("0", "no", "off", "false"):
+    if switched_off(environ, "DISTENV_PMIX_RELAY"):
         return None
     where = server_address(environ)
     if where is None:
         return None
     try:
-        return Relay(environ, *where)
-    except OSError as exc:
+        return Relay(environ, *where, chain=chain)
+    except OSError as exc:  # HolderError too
         from .log import get_logger
 
         get_logger(__name__).debug(f"PMIx relay not used ({exc}); the query connects directly")
         return None
 
 
-__all__ = ["open_relay", "server_address", "Relay", "URI_PREFIX"]
+__all__ = ["open_relay", "server_address", "Relay", "URI_PREFIX", "MAX_CONNECTIONS"]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 
 from . import ports
-from .description import DEFAULT, DERIVED, FIELDS, PER_NODE, PER_PROCESS, DistEnv, Why, _build
+from .description import (DEFAULT, DERIVED, FIELDS, PER_NODE, PER_PROCESS, UNKNOWN, DistEnv, Note,
+                          Why, _build)
 from .errors import DistEnvError
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
@@ -396,15 +397,21 @@ _UNKNOWN = (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCA
 
 def _note_unknowns(r: Reading, source: "Source") -> None:
     """Every unknown field carries a note saying what to do (docs/inferences.md): one note that
-    lists them all (a source's own note may say more of one; its text is not matched). A
-    per-node launch's workers are not started yet, so their rank and local rank are unknown by
-    nature."""
-    v = r.values
-    missing = [(f, var) for f, var in _UNKNOWN if v.get(f) is None
-               and not (r.launch == PER_NODE and f in ("rank", "local_rank"))]
-    if not missing:
-        return
-    left = missing  # listed even where a source's note also speaks of one: no matching of text
+    lists them all (`unknown_note`)."""
+    note = unknown_note(r.values, source.title, r.launch == PER_NODE)
+    if note is not None:
+        r.notes.append(note)
+
+
+def unknown_note(values: "Mapping[str, Any]", title: str, per_node: bool) -> "Note | None":
+    """The note listing every unknown field of `values` and what to do (a source's own note
+    may say more of one; its text is not matched), or None. A per-node launch's workers are
+    not started yet, so their rank and local rank are unknown by nature. Discovery rebuilds it
+    when it fills some of them (`Note.kind` UNKNOWN)."""
+    left = [(f, var) for f, var in _UNKNOWN if values.get(f) is None
+            and not (per_node and f in ("rank", "local_rank"))]
+    if not left:
+        return None
     names = ", ".join(f for f, _ in left)
     exported = [var for f, var in left if var.isupper()]
     fix = "call distenv.discover() (it asks the launcher's service or the other ranks)"
@@ -414,8 +421,8 @@ def _note_unknowns(r: Reading, source: "Source") -> None:
         fix = ("nothing, unless your framework needs the same number on every node; then "
                "launch an equal count per node")
         names += " (the nodes may run different numbers of processes)"
-    r.notes.append(f"unknown here: {names} ({source.title} does not reveal {'it' if len(left) == 1 else 'them'}). "
-                   f"Fix: {fix}")
+    return Note(f"unknown here: {names} ({title} does not reveal {'it' if len(left) == 1 else 'them'}). "
+                f"Fix: {fix}", about=tuple(f for f, _ in left), kind=UNKNOWN)
 
 
 # -- 7. checks ---------------------------------------------------------------------------

@@ -238,9 +238,9 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     port for a one-node per-node launch that has no job id to derive one from).
 
     `discover` (what `main` passes): when a field the launch needs is unknown and the
-    launcher offers a key-value service (MPICH, Intel MPI across nodes), ask the other
-    ranks there first (`distenv.discovery.complete`); the command then gets
-    DISTENV_PMI_HELD, so neither it nor its children use the service again."""
+    launcher offers a service that knows (PMI-1, PMIx, Cray PALS's apinfo), ask it first
+    (`distenv.discovery.complete`); the command then gets the answer (DISTENV_PMI_HELD,
+    DISTENV_PMIX_HELD), so neither it nor its children ask again."""
     from .resolver import resolve
 
     opts, cmd = parse(argv)
@@ -258,19 +258,13 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             raise DistEnvError(as_flag(str(exc), opts["nproc_per_node"])) from None
         raise
     if discover and environ is None:
-        from .discovery import complete
-        from .pmi import HELD_VAR, handoff
+        from .discovery import complete, handoffs
 
         env = complete(env, need=("master_addr", "node_rank", "num_nodes") if env.launch == PER_NODE
                        else ("master_addr", "world_size"))
-        held = handoff()
-        if held is not None:  # exec keeps the pid: see distenv.pmi.offer and .inherited
-            child[HELD_VAR] = held
-        from . import pmix
-
-        held = pmix.handoff()  # the same for PMIx; Open MPI 4's client is finalized before exec
-        if held is not None:
-            child[pmix.HELD_VAR] = held
+        # exec keeps the pid: the command completes from these without asking again (the
+        # services' `inherited`); Open MPI 4's in-process client is finalized before exec
+        child.update(handoffs())
     child["DISTENV_AUTO"] = "1"
     child["DISTENV_RUN"] = "1"
     warnings: "list[str]" = []

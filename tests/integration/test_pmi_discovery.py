@@ -124,7 +124,7 @@ def test_torch_all_reduces_then_mpi_init_works(need, torch_python, tmp_path, lau
         for kind in ("forked", "spawned"):
             g = r["guards"][kind]
             assert g.get("offer") is None and "error" not in g, (kind, detail)
-            assert "not Hydra's proxy" in g["why"], (kind, detail)
+            assert "is not the launcher's daemon" in g["why"] and "a Python process" in g["why"], (kind, detail)
     ports = {r["env"]["master_port"] for r in records}
     assert len(ports) == 1, f"ranks disagree on the port: {ports}"
     if launcher != "intelmpi":  # MPICH has no job id: the port comes from the job's kvsname
@@ -240,7 +240,7 @@ def test_distenv_run_exchanges_once_and_execs(need, launcher, mode):
         assert r["hostname"] == EXPECT_HOSTS[r["rank"]], r
         # exec kept the pid: the command knows the service was used before it, never uses
         # it again, and completes from what `distenv run` found
-        assert r["held"] == f"{r['pid']};{mode};" + r["held"].split(";")[2] + ";node2*2,node1*2", r
+        assert r["held"] == f"{r['pid']};{mode};" + r["held"].split(";")[2] + ";node2*2,node1*2;Hydra", r
         assert r["offer"] is None and "before it exec'ed" in r["why"], r
         assert r["ran_exchange"] is False, r
         assert (r["node_rank"], r["num_nodes"]) == ((0 if r["rank"] < 2 else 1), 2), r

@@ -55,14 +55,14 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
     got = _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs"))
     assert (got.launch, got.node_rank, got.num_nodes, got.hosts, got.master_addr) == \
         ("per-node", 1, 2, ("n1", "n2"), "n1")
-    with pytest.raises(DistEnvError, match=r"key-value exchange found 2 processes on 1 hosts.*mpiexec -ppn 1"):
+    with pytest.raises(DistEnvError, match=r"key-value exchange \(Hydra, PMI_FD\) found 2 processes on 1 hosts.*mpiexec -ppn 1"):
         _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n1"], "fd", 0.0, "t", "kvs"))
     openmpi = resolve(ompi(0, 2, 0, 1, node_rank_trap=False, PMIX_NAMESPACE="prterun-x-1@1",
                            DISTENV_NPROC_PER_NODE="2"))
     placed = pmix.Placement(0, 2, ["n2", "n1"], "prterun-x-1@1", "/lib/libpmix.so.2", "4.2", "child", 0.0)
     got = _from_pmix(openmpi, placed)
     assert (got.node_rank, got.num_nodes, got.master_addr) == (0, 2, "n2")
-    with pytest.raises(DistEnvError, match=r"PMIx server places 2 processes on 1 hosts.*ppr:1:node"):
+    with pytest.raises(DistEnvError, match=r"PMIx placement \(pmix.hname of every rank\) found 2 processes on 1 hosts.*ppr:1:node"):
         _from_pmix(openmpi, pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0))
 
 

@@ -17,6 +17,7 @@ import types
 import pytest
 
 from distenv import DistEnvError, pmi, resolve
+from distenv.description import about
 from distenv.discovery import PMI_WHY, _from_exchange, complete
 from distenv.ports import port_for
 from envs import hydra_rank
@@ -101,7 +102,7 @@ class FakeProxy(threading.Thread):
 def no_watcher(monkeypatch):
     """Keep the watcher (a double fork) out of the pytest process: record what it would hold."""
     held = []
-    monkeypatch.setattr(pmi, "_hold", lambda sock: (held.append(sock.fileno()), sock.close()))
+    monkeypatch.setattr(pmi, "_hold", lambda sock, *_: (held.append(sock.fileno()), sock.close()))
     monkeypatch.setattr(pmi, "_done", None)
     return held
 
@@ -231,14 +232,15 @@ HYDRA = hydra_rank(1, 2, 1, 2, PMI_FD="6")
 
 
 @pytest.mark.parametrize("environ,why", [
-    ({}, "not started by Hydra"),
-    ({k: v for k, v in HYDRA.items() if k != "MPI_LOCALRANKID"}, "not started by Hydra"),
+    ({}, "no PMI-1 service"),
+    ({k: v for k, v in HYDRA.items() if k != "PMI_FD"}, "no PMI-1 service"),
     ({**HYDRA, "DISTENV_PMI": "0"}, "DISTENV_PMI=0"),
-    ({**HYDRA, pmi.HELD_VAR: "1;fd;kvs;a*2"}, "belongs to process 1, an ancestor"),
-    ({**HYDRA, pmi.HELD_VAR: f"{os.getpid()};fd;kvs;a*2"}, "before it exec'ed"),
-    # pytest's parent is a shell or a CI runner, never Hydra's proxy: an inherited PMI_FD
-    (HYDRA, "is not Hydra's proxy"),
-    ({"MPI_LOCALRANKID": "0", "PMI_PORT": "node1:4444", "PMI_ID": "0"}, "is not Hydra's proxy"),
+    ({**HYDRA, pmi.HELD_VAR: "1;fd;kvs;a*2;Hydra"}, "belongs to process 1, an ancestor"),
+    ({**HYDRA, pmi.HELD_VAR: f"{os.getpid()};fd;kvs;a*2;Hydra"}, "before it exec'ed"),
+    # pytest runs under shells and a CI runner, never under Hydra's proxy or SLURM's stepd:
+    # an inherited PMI_FD (the walk up through the shells names the daemons it looked for)
+    (HYDRA, "(hydra_pmi_proxy, slurmstepd)"),
+    ({"MPI_LOCALRANKID": "0", "PMI_PORT": "node1:4444", "PMI_ID": "0"}, "(hydra_pmi_proxy, slurmstepd)"),
 ])
 def test_offer_refuses(environ, why):
     found, reason = pmi.offer(environ)
@@ -257,7 +259,7 @@ def test_a_process_not_started_by_the_proxy_keeps_its_fd_untouched():
     p = subprocess.run([sys.executable, "-c", code], env=env, pass_fds=(theirs.fileno(),),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("None None ") and "not Hydra's proxy" in p.stdout, p.stdout
+    assert p.stdout.startswith("None None ") and "hydra_pmi_proxy" in p.stdout, p.stdout
     ours.setblocking(False)
     with pytest.raises(BlockingIOError):
         ours.recv(1)
@@ -297,10 +299,14 @@ def test_complete_leaves_a_known_launch_alone():
     assert complete(env, need=("master_addr",)) is env
 
 
-def test_complete_without_a_service_changes_nothing(monkeypatch):
-    monkeypatch.delenv("MPI_LOCALRANKID", raising=False)  # this process: not a Hydra rank
+def test_complete_without_a_service_changes_nothing_but_says_why(monkeypatch):
+    monkeypatch.delenv("PMI_FD", raising=False)  # this process: not a Hydra rank
     env = resolve({**HYDRA, "PMI_SIZE": "4"})  # two nodes: the master is unknown
-    assert env.master_addr is None and complete(env) is env
+    got = complete(env)
+    assert env.master_addr is None and got.to_dict() == env.to_dict()
+    assert got.notes[:len(env.notes)] == env.notes
+    (said,) = got.notes[len(env.notes):]
+    assert "did not ask the launcher's pmi service" in said and about(said) == ("master_addr",)
 
 
 def test_from_exchange_fills_placement_and_port():
@@ -327,11 +333,12 @@ def test_handoff_round_trip(monkeypatch):
     ex = pmi.Exchange(1, 4, ["n2", "n2", "n1", "n1"], "fd", 0.1, "t", "kvs_9")
     monkeypatch.setattr(pmi, "_done", (os.getpid(), ex))
     held = pmi.handoff()
-    assert held == f"{os.getpid()};fd;kvs_9;n2*2,n1*2"
+    assert held == f"{os.getpid()};fd;kvs_9;n2*2,n1*2;Hydra"
     back = pmi.inherited({pmi.HELD_VAR: held, "PMI_RANK": "1"})
-    assert (back.rank, back.size, back.hosts, back.kvsname) == (1, 4, ex.hosts, "kvs_9")
-    assert pmi.inherited({pmi.HELD_VAR: "1;fd;k;a*2", "PMI_RANK": "1"}) is None  # another pid
-    assert pmi.inherited({pmi.HELD_VAR: f"{os.getpid()};fd;k;a*x", "PMI_RANK": "0"}) is None
+    assert (back.rank, back.size, back.hosts, back.kvsname, back.server) == (1, 4, ex.hosts, "kvs_9", "Hydra")
+    assert pmi.inherited({pmi.HELD_VAR: "1;fd;k;a*2;Hydra", "PMI_RANK": "1"}) is None  # another pid
+    assert pmi.inherited({pmi.HELD_VAR: f"{os.getpid()};fd;k;a*x;Hydra", "PMI_RANK": "0"}) is None
+    assert pmi.inherited({pmi.HELD_VAR: f"{os.getpid()};fd;k;a*2;Mars", "PMI_RANK": "0"}) is None
 
 
 def test_complete_uses_mpi_when_it_is_already_initialized(monkeypatch):

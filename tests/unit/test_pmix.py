@@ -144,7 +144,7 @@ SERVER_ENV = {"PMIX_NAMESPACE": "prterun-vm-1@1", "PMIX_RANK": "0",
     ({**SERVER_ENV, "DISTENV_PMIX": "0"}, "DISTENV_PMIX=0"),
     ({**SERVER_ENV, "PMIX_RANK": "x"}, "is not a rank"),
     ({**SERVER_ENV, pmix.HELD_VAR: "1;ns;a*2"}, "belongs to process 1"),
-    (SERVER_ENV, "is not a PMIx server"),  # pytest's parent is no launcher daemon
+    (SERVER_ENV, "(orted, prted, prterun, mpirun, slurmstepd)"),  # no launcher daemon above pytest
 ])
 def test_offer_refuses(environ, why):
     found, why_not = pmix.offer(environ)
@@ -179,7 +179,7 @@ def test_from_pmix_fills_the_placement():
 
 
 def test_from_pmix_refuses_another_job_s_rank():
-    with pytest.raises(DistEnvError, match="the PMIx server says rank 2"):
+    with pytest.raises(DistEnvError, match=r"but PMIx placement .* says rank 2"):
         _from_pmix(resolve(ompi4(3)), placement(2))
 
 

@@ -86,6 +86,11 @@ class Source:
     #: Cloud's CLUSTER_SPEC): adapters take that cluster (`tf_config`) instead of building one;
     #: "" when it does not.
     tf_cluster = ""
+    #: The launcher's own services that know where every rank runs, in the order discovery
+    #: tries them (`distenv.discovery.services`): "apinfo" (Cray PALS's placement file),
+    #: "pmix", "pmi" (the PMI-1 wire protocol). Each checks its own variables and guards before
+    #: it is offered; none is asked by resolve().
+    services: "tuple[str, ...]" = ()
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""

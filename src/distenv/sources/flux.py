@@ -21,6 +21,7 @@ class Flux(Source):
     pass_on = "flux run passes the environment"
     prefixes = ('FLUX_',)
     can_be_per_node = True
+    services = ("apinfo",)  # Flux's cray-pals plugin writes one (sources/pals.py)
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

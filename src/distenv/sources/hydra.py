@@ -49,6 +49,7 @@ class Hydra(Source):
     prefixes = ('PMI_', 'MPI_LOCAL', 'HYDRA_', 'I_MPI_')
     aliases = ("mpich", "intelmpi", "impi", "hydra")
     can_be_per_node = True
+    services = ("pmi",)
 
     def detect(self, env: "Env") -> bool:
         return "MPI_LOCALRANKID" in env

@@ -110,6 +110,7 @@ class OpenMPI(Source):
     aliases = ("openmpi", "ompi")
     can_be_per_node = True
     family = "mpi"
+    services = ("pmix",)
     pass_on = "mpirun -x {name}"
     pass_on_only = True  # mpirun forwards to other nodes only the variables -x names
     mpi_controller = ("horovod",)  # Horovod is usually built with Open MPI

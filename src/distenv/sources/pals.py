@@ -85,6 +85,7 @@ class Pals(Source):
     pass_on = "mpiexec --env {name}={value}"
     prefixes = ('PALS_', 'PMI_')
     can_be_per_node = True
+    services = ("apinfo",)
 
     def detect(self, env: "Env") -> bool:
         # Under srun --mpi=cray_shasta or Flux's cray-pals, that launcher's source reads the

@@ -255,6 +255,8 @@ class Slurm(Source):
     covers = ("jax:slurm",)  # JAX reads these variables too (jax/_src/clusters)
     aliases = ("slurm", "srun")
     can_be_per_node = True
+    # --mpi=cray_shasta: the apinfo file; --mpi=pmix: PMIx; --mpi=pmi2: PMI-1 to the stepd
+    services = ("apinfo", "pmix", "pmi")
 
     def detect(self, env: "Env") -> bool:
         step = step_id(env)

@@ -1,0 +1,165 @@
+"""Whose connection is it: the processes between the launcher's daemon and this one.
+
+A launcher's service (Hydra's PMI-1, SLURM's stepd, a PMIx server) belongs to the process the
+launcher started -- its *task*. Everything that task starts inherits the service's variables
+(and with PMI_FD, the connection itself): a DataLoader worker, a subprocess, a second program
+of a job script. Two processes speaking on one connection corrupt the protocol for both, and
+a second ``init`` to SLURM's stepd kills the step; so exactly one process of a task may ask.
+
+That process is found by walking up from this one: its parent, then the parent's parent, while
+each is a program that never speaks PMI (`PASS_THROUGH`: shells, ``time``, ``timeout``,
+``numactl``, ...: the usual job script, ``module load ...; conda activate ...; python
+train.py`` without ``exec``), until the launcher's daemon (the service says which names are
+its daemons). The last process before the daemon is the task. Any other program on the way --
+a Python (the rank this process is a child of), an MPI program -- may itself speak PMI, so the
+walk stops there and the service is refused, with the reason.
+
+When the task is not this process (a wrapper script), later programs of the same script
+may ask too: the first to ask takes the task's *claim* (an abstract Unix socket named after the
+task's pid and start time), and its holder (`distenv._holder`) answers the later ones with the
+same answer instead of letting them ask the service again.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .._holder import parent_of, start_time
+
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    import socket
+    from collections.abc import Callable
+
+#: Programs that may stand between the launcher's daemon and the rank: none of them speaks
+#: PMI, PMIx or Cray PMI (each is a shell or a small C utility that runs one command and waits
+#: for it; `env`, `nice`, `taskset`, `numactl`, `chrt`, `stdbuf`, `nohup`, `setsid`, `ionice`
+#: exec it instead, so they are never seen, but are listed for the versions that fork).
+#: Container starters (apptainer, singularity, podman) are not: none could be tested here.
+PASS_THROUGH = frozenset({
+    "sh", "bash", "dash", "zsh", "ksh", "ksh93", "mksh", "csh", "tcsh", "fish",
+    "time", "timeout", "env", "nice", "ionice", "chrt", "taskset", "numactl", "stdbuf",
+    "nohup", "setsid", "flock",
+})
+#: How far up to walk before giving up (a job script rarely nests more than 3 deep).
+MAX_DEPTH = 12
+
+
+def name_of(pid: int) -> str:
+    """A process's program: its executable's base name (``/proc/<pid>/exe``: bash, python3.11,
+    orted), else its process name (another user's, such as root's slurmstepd)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).split(" ", 1)[0]
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Chain:
+    """What the walk found: the launcher's `daemon` (pid, name, the service's `kind` of it) and
+    the `task` (pid, start time) it started; `between` the pass-through programs, innermost
+    first (empty when the daemon started this very process)."""
+
+    __slots__ = ("daemon", "name", "kind", "task", "task_start", "between")
+
+    def __init__(self, daemon: int, name: str, kind: str, task: int, task_start: "int | None",
+                 between: "list[str]") -> None:
+        self.daemon, self.name, self.kind = daemon, name, kind
+        self.task, self.task_start, self.between = task, task_start, between
+
+    @property
+    def wrapped(self) -> bool:
+        """True when the launcher started another program that runs this one (a job script)."""
+        return self.task != os.getpid()
+
+    def __repr__(self) -> str:
+        return f"Chain(daemon={self.name}:{self.daemon}, task={self.task}, between={self.between})"
+
+
+#: The one-line fix for a process whose chain of parents holds a program that may speak PMI.
+EXEC_FIX = ("Fix: in a job script, run the program with `exec` (exec python train.py), or "
+            "call distenv in the process the launcher started, not in one of its children")
+
+
+def walk(is_daemon: "Callable[[int], str | None]", daemons: str,
+         start: "int | None" = None, parent: "Callable[[int], int | None]" = parent_of,
+         name: "Callable[[int], str]" = name_of) -> "tuple[Chain | None, str]":
+    """(the chain, "") up from process `start` (default: this one) to the launcher's daemon
+    -- `is_daemon(pid)` names its kind, or None --, or (None, why not, with its fix).
+    `daemons` names them for messages ("hydra_pmi_proxy, slurmstepd")."""
+    pid = os.getpid() if start is None else start
+    between: "list[str]" = []
+    for _ in range(MAX_DEPTH):
+        up = parent(pid)
+        if up is None or up <= 1:
+            return None, (f"no launcher daemon ({daemons}) is an ancestor of this process "
+                          f"(process {pid}'s parent is {'unknown' if up is None else up}): the "
+                          "service's variables were inherited. " + EXEC_FIX)
+        kind = is_daemon(up)
+        if kind is not None:
+            return Chain(up, name(up), kind, pid, start_time(pid), between), ""
+        program = name(up)
+        if program not in PASS_THROUGH:
+            what = ("a Python process: this one is a child of a rank (a DataLoader worker, a "
+                    "subprocess)" if program.startswith(("python", "pypy")) else
+                    "a program that may speak PMI itself")
+            return None, (f"the parent process ({up}, {program or 'unknown'}) is not the "
+                          f"launcher's daemon ({daemons}) but {what}: the service's variables "
+                          "were inherited, and its connection belongs to another process. "
+                          + EXEC_FIX)
+        between.append(program)
+        pid = up
+    return None, (f"no launcher daemon ({daemons}) within {MAX_DEPTH} parent processes. "
+                  + EXEC_FIX)
+
+
+# -- the claim -----------------------------------------------------------------------------
+def claim_address(service: str, chain: Chain) -> str:
+    """The abstract Unix socket name of the task's claim on `service` (the leading NUL makes
+    it abstract: no file, gone with the socket)."""
+    return f"\0distenv/{service}/{chain.task}/{chain.task_start}"
+
+
+def earlier_answer(service: str, chain: Chain, timeout: float = 5.0) -> "str | None":
+    """The answer an earlier program of this task got from `service` (its holder keeps it),
+    or None when no program of this task has asked."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout)
+        s.connect(claim_address(service, chain))
+        data = b""
+        while not data.endswith(b"\n") and len(data) < (64 << 20):
+            part = s.recv(1 << 16)
+            if not part:
+                break
+            data += part
+    except OSError:
+        return None
+    finally:
+        s.close()
+    return data.decode("utf-8", "replace").strip() or None
+
+
+def take_claim(service: str, chain: Chain) -> "socket.socket | None":
+    """This task's claim on `service` (a listening socket: hand it to the holder with the
+    answer), or None when another program of the task holds it."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(claim_address(service, chain))
+        s.listen(16)
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+__all__ = ["walk", "Chain", "PASS_THROUGH", "EXEC_FIX", "claim_address", "earlier_answer",
+           "take_claim", "name_of"]
