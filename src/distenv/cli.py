@@ -36,12 +36,15 @@ def _show(args: argparse.Namespace) -> int:
     env = resolve()
     if getattr(args, "map", False):
         return _map(args, env)
+    declined: "list[str]" = []
     if getattr(args, "discover", False):  # collective: before any rank decides not to print
+        from .description import DECLINED
         from .discovery import complete
 
         env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"))
+        declined = [n for n in env.notes if getattr(n, "kind", None) == DECLINED]
     if not display.chosen(env, args.ranks):
-        return 0
+        return 1 if declined else 0
     if any(isinstance(v, str) and ("@" in v or "=" in v or "_" in v) for v in _strings(env)):
         env = _redacted(env)  # a launcher value that looks like a secret is never printed
     if args.json:
@@ -67,6 +70,9 @@ def _show(args: argparse.Namespace) -> int:
             lines += [f"note: {note}" for note in env.notes]
             text = "\n".join(lines)
     display.write(text, display.label(args.prefix, env, machine=args.json or args.summary))
+    if declined:  # --discover was asked for and could not: say so, and fail
+        sys.stderr.write(f"distenv: {declined[-1]}\n")
+        return 1
     return 0
 
 
@@ -204,9 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--summary", "--oneline", action="store_true",
                       help="one line: rank, local rank, node, launcher, master")
     show.add_argument("--discover", action="store_true",
-                      help="ask the other ranks for what the launcher does not reveal, through "
-                      "the launcher's key-value service (MPICH, Intel MPI: PMI-1); every rank "
-                      "must run it")
+                      help="ask the launcher's own service for what its variables do not "
+                      "reveal (Cray PALS's apinfo file, PMIx, PMI-1: docs/discovery.md); every "
+                      "rank must run it. Exit 1, saying why, when no service could be asked")
     show.add_argument("--map", action="store_true",
                       help="one row per node (host, global ranks, local size, rank 0, master), "
                       "printed once by rank 0; asks the launcher's service where the environment "

@@ -79,6 +79,9 @@ class Note(str):
 DEFAULT = "default"
 DERIVED = "derived"
 UNKNOWN = "unknown"
+#: A note's kind: discovery was asked for these fields and no service could answer; the
+#: note says why and what to do (an error about those fields repeats it: distenv.export).
+DECLINED = "declined"
 
 
 def kind_of(why: "str | None") -> "str | None":

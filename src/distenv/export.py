@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .description import PER_NODE, DistEnv
+from .description import DECLINED, PER_NODE, DistEnv
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -50,7 +50,15 @@ def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
     launcher at hand (a plain RANK/WORLD_SIZE run has no mpirun to pass variables on)."""
     launcher = env.provenance.get("launcher", env.launcher)
     problems, fixes = [], []
-    if "MASTER_ADDR" in names:
+    declined = [n for n in env.notes if getattr(n, "kind", None) == DECLINED]
+    if declined and "MASTER_ADDR" in names:
+        # discovery was asked and could not: its reason and fix (a wrapper script that needs
+        # `exec`, say), not a generic "set MASTER_ADDR"
+        reason, _, fix = declined[-1].partition(" Fix: ")
+        problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR), and "
+                        + reason.rstrip("."))
+        fixes.append(fix.rstrip(".") or "set MASTER_ADDR=<rank 0's host> for every rank")
+    elif "MASTER_ADDR" in names:
         passed = _passes_on(env.launcher, "MASTER_ADDR", "<host>")
         if passed:
             problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR) across nodes")

@@ -543,7 +543,7 @@ def decode(text: str, size: int) -> "tuple[list[str], int | None]":
             hosts.extend([distinct[index]] * count)
     except (ValueError, IndexError):
         hosts = []
-    if len(hosts) != size:
+    if len(hosts) != size or size < 1:
         raise PMIError(f"rank 0's summary of the hosts does not describe {size} ranks "
                        f"({text[:200]!r}). " + STALE_SUMMARY)
     return hosts, port

@@ -403,20 +403,24 @@ def _note_unknowns(r: Reading, source: "Source") -> None:
         r.notes.append(note)
 
 
-def unknown_note(values: "Mapping[str, Any]", title: str, per_node: bool) -> "Note | None":
+def unknown_note(values: "Mapping[str, Any]", title: str, per_node: bool,
+                 asked: bool = False) -> "Note | None":
     """The note listing every unknown field of `values` and what to do (a source's own note
     may say more of one; its text is not matched), or None. A per-node launch's workers are
     not started yet, so their rank and local rank are unknown by nature. Discovery rebuilds it
-    when it fills some of them (`Note.kind` UNKNOWN)."""
+    when it fills some of them (`Note.kind` UNKNOWN), or `asked` it and could not."""
     left = [(f, var) for f, var in _UNKNOWN if values.get(f) is None
             and not (per_node and f in ("rank", "local_rank"))]
     if not left:
         return None
     names = ", ".join(f for f, _ in left)
     exported = [var for f, var in left if var.isupper()]
-    fix = "call distenv.discover() (it asks the launcher's service or the other ranks)"
+    # `asked`: discovery ran and could not fill them (its own note says why): no use in
+    # suggesting it again
+    fix = "" if asked else "call distenv.discover() (it asks the launcher's service or the other ranks)"
     if exported:
-        fix += f", or export {', '.join(exported)} to every process"
+        fix += f"{', or ' if fix else ''}export {', '.join(exported)} to every process"
+    fix = fix or "give them to every process"
     if [f for f, _ in left] == ["nproc_per_node"]:
         fix = ("nothing, unless your framework needs the same number on every node; then "
                "launch an equal count per node")

@@ -511,6 +511,20 @@ def launch(lay: Layout, cmd: Sequence[str], *, extra: Sequence[str] = (),
     return result
 
 
+def placement_facts(hosts: "list[str]", rank: int) -> dict:
+    """What distenv must say of `rank` when `hosts[r]` is rank r's host: nodes ordered by
+    their lowest rank, and the counts and master that follow."""
+    nodes = list(dict.fromkeys(hosts))
+    mine = hosts[rank]
+    on_node = [r for r, h in enumerate(hosts) if h == mine]
+    counts = {hosts.count(n) for n in nodes}
+    return {"node_rank": nodes.index(mine), "num_nodes": len(nodes), "hosts": nodes,
+            "rank_hosts": hosts, "local_world_size": len(on_node),
+            "local_rank": on_node.index(rank),
+            "nproc_per_node": len(on_node) if len(counts) == 1 else None,
+            "master_addr": hosts[0] if len(nodes) > 1 else "127.0.0.1"}
+
+
 def describe_failure(lay: Layout, result: dict, kept: bool = True) -> str:
     lines = [f"{lay.name}: launcher exit {result['rc']} after {result['elapsed']:.1f} s, "
              f"{len(result['files'])} of {lay.nranks} rank(s) reported",

@@ -82,17 +82,8 @@ def records_of(lay: Layout, cmd, *, env=None, extra=(), timeout=TIMEOUT):
     return records, result
 
 
-def expected(hosts: "list[str]", rank: int) -> dict:
-    """The placement's facts for `rank`, from every rank's host (nodes by lowest rank)."""
-    nodes = list(dict.fromkeys(hosts))
-    mine = hosts[rank]
-    on_node = [r for r, h in enumerate(hosts) if h == mine]
-    counts = {hosts.count(n) for n in nodes}
-    return {"node_rank": nodes.index(mine), "num_nodes": len(nodes), "hosts": nodes,
-            "rank_hosts": hosts, "local_world_size": len(on_node),
-            "local_rank": on_node.index(rank),
-            "nproc_per_node": len(on_node) if len(counts) == 1 else None,
-            "master_addr": hosts[0] if len(nodes) > 1 else "127.0.0.1"}
+#: The placement's facts for a rank, from every rank's host (harness.placement_facts).
+expected = harness.placement_facts
 
 
 def mpi_of(lay: Layout) -> str:

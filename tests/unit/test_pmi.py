@@ -17,7 +17,7 @@ import types
 import pytest
 
 from distenv import DistEnvError, pmi, resolve
-from distenv.description import about
+from distenv.description import DECLINED, about
 from distenv.discovery import PMI_WHY, _from_exchange, complete
 from distenv.ports import port_for
 from envs import hydra_rank
@@ -304,9 +304,13 @@ def test_complete_without_a_service_changes_nothing_but_says_why(monkeypatch):
     env = resolve({**HYDRA, "PMI_SIZE": "4"})  # two nodes: the master is unknown
     got = complete(env)
     assert env.master_addr is None and got.to_dict() == env.to_dict()
-    assert got.notes[:len(env.notes)] == env.notes
-    (said,) = got.notes[len(env.notes):]
-    assert "did not ask the launcher's pmi service" in said and about(said) == ("master_addr",)
+    # the resolver's note no longer suggests discovery, which has just been asked; the last
+    # note says why it could not answer, and is about the fields that were needed
+    assert any("distenv.discover()" in n for n in env.notes)
+    assert not any("distenv.discover()" in n for n in got.notes), got.notes
+    said = got.notes[-1]
+    assert said.startswith("discovery found no launcher service to ask") and about(said) == ("master_addr",)
+    assert getattr(said, "kind", None) == DECLINED
 
 
 def test_from_exchange_fills_placement_and_port():
@@ -654,3 +658,21 @@ def test_from_exchange_uses_the_port_rank_0_found_free():
     # no port published (an answer from before an exec): the kvsname-derived port as before
     ex0 = pmi.Exchange(2, 4, ex.hosts, "port", 0.01, "t", "kvs_1_0_2_node1")
     assert "key-value space name" in _from_exchange(env, ex0).provenance["master_port"]
+
+
+def test_a_program_that_ignores_sigchld_still_exchanges():
+    """SIGCHLD set to SIG_IGN (servers, some launch wrappers do): the kernel reaps children,
+    so waiting for one raises ChildProcessError -- which the double-forked watcher's waitpid
+    let out of exchange(). The holder is started and reaped without it."""
+    ours, theirs = socket.socketpair()
+    proxy = FakeProxy(ours, MPICH4, {key(0, 1): "node2"})
+    proxy.start()
+    code = ("import signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+            "import distenv.pmi as p; "
+            "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=1, size=2); "
+            "print(p.exchange({}, timeout=10, found=o).hosts, flush=True)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, "-c", code, str(theirs.fileno())], env=env,
+                       pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=60)
+    theirs.close()
+    assert p.returncode == 0 and "node2" in p.stdout, p.stderr

@@ -339,3 +339,37 @@ def test_child_mode_without_an_interpreter_leaves_fields_unknown(monkeypatch):
     found = pmix.Offer("ns", 0, "prrte", "prted", ["/x/libpmix.so.2"], [], "PMIx server prted")
     with pytest.raises(pmix.PMIxUnavailable, match="sys.executable is empty"):
         pmix.query({}, timeout=5, found=found)
+
+
+def test_the_query_child_runs_nothing_from_the_working_directory(monkeypatch, tmp_path):
+    """The child is started isolated (-I): a json.py in the rank's working directory ran
+    inside it with -S -E -s ('' stayed on sys.path)."""
+    (tmp_path / "json.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    found = pmix.Offer("ns", 0, "prrte", "prted", ["/nonexistent/libpmix.so.2"], [], "x")
+    with pytest.raises(pmix.PMIxUnavailable):
+        pmix._in_child(found, timeout=60)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_relay_stops_however_the_query_ends(monkeypatch):
+    """A query interrupted by anything (KeyboardInterrupt here), not only a timeout or an
+    OSError, stops the relay and drops what it holds (it stayed open before)."""
+    stopped = []
+
+    class Relay:
+        env: dict = {}
+
+        def stop(self, drop=False):
+            stopped.append(drop)
+
+    monkeypatch.setattr(pmix, "open_relay", lambda environ, chain=None: Relay())
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "run", interrupted)
+    found = pmix.Offer("ns", 0, "prrte", "prted", ["/x/libpmix.so.2"], [], "x")
+    with pytest.raises(KeyboardInterrupt):
+        pmix._in_child(found, timeout=5)
+    assert stopped == [True]

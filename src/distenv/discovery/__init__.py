@@ -27,7 +27,7 @@ holder instead of asking again (the claim).
 
 from __future__ import annotations
 
-from ..description import PER_NODE, DistEnv, Note
+from ..description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note
 from ..errors import DistEnvError
 from .apply import STALE, Answer, apply, from_hostnames
 
@@ -77,14 +77,16 @@ def _from_pmix(env: DistEnv, got: "Placement", server: str = "") -> DistEnv:
 
 
 class Declined(str):
-    """Why a service was not asked, and the fix for it (a plain str: no fix)."""
+    """Why a service was not asked (its fix in the text, where one applies); `present`: its
+    variables are here, so it was meant to answer (not merely not offered here)."""
 
-    __slots__ = ("service",)
+    __slots__ = ("service", "present")
     service: str
+    present: bool
 
-    def __new__(cls, text: str, service: str) -> "Declined":
+    def __new__(cls, text: str, service: str, present: bool = True) -> "Declined":
         self = super().__new__(cls, text)
-        self.service = service
+        self.service, self.present = service, present
         return self
 
 
@@ -159,11 +161,19 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
         if earlier is not None:
             return apply(env, earlier), []
     declined: "list[Declined]" = []
+    from ..sources import source_of
+
+    source = source_of(env.launcher)
     for svc in svcs:
+        refused = source.refuses(svc.name, environ) if svc.present(environ) else ""
+        if refused:
+            log.debug(f"discovery: {svc.name} not asked: {refused}")
+            declined.append(Declined(refused, svc.name, True))
+            continue
         found, why_not = svc.offer(environ)
         if found is None:
             log.debug(f"discovery: {svc.name} not asked: {why_not}")
-            declined.append(Declined(why_not, svc.name))
+            declined.append(Declined(why_not, svc.name, svc.present(environ)))
             continue
         try:
             ans = _ask(svc, environ, found, timeout, env)
@@ -180,14 +190,26 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
 
 def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]") -> DistEnv:
     """`env` with a note saying why no service filled `need` (about those fields: dropped
-    once known). The first service the launcher offers is the one that was meant to answer."""
-    if not declined:
+    once known), in place of the resolver's suggestion to call discovery. The reason given is
+    the first service whose variables are here (the one meant to answer)."""
+    present = [d for d in declined if d.present] or declined
+    if not present:
         return env
-    reason = declined[0]
+    reason = present[0]
     fields = tuple(f for f in need if getattr(env, f) is None)
-    text = (f"discovery did not ask the launcher's {reason.service} service: {reason}"
-            + ("" if "Fix:" in reason else ". Fix: set MASTER_ADDR (and NODE_RANK) for every rank"))
-    return DistEnv(env.to_dict(), env.provenance, [*env.notes, Note(text, about=fields, kind="discovery")])
+    if not fields:
+        return env
+    what = (f"discovery did not ask the launcher's {reason.service} service: {reason}"
+            if reason.present else f"discovery found no launcher service to ask ({reason})")
+    text = what + ("" if "Fix:" in what else ". Fix: set MASTER_ADDR (and NODE_RANK) for every rank")
+    from ..resolver import unknown_note
+    from ..sources import source_of
+
+    notes = [n for n in env.notes if getattr(n, "kind", None) != UNKNOWN]
+    rebuilt = unknown_note(env.to_dict(), source_of(env.launcher).title or str(env.launcher),
+                           env.launch == PER_NODE, asked=True)
+    return DistEnv(env.to_dict(), env.provenance,
+                   [*notes, *([rebuilt] if rebuilt else []), Note(text, about=fields, kind=DECLINED)])
 
 
 def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_addr",),
@@ -263,7 +285,8 @@ def discover(env: "DistEnv | None" = None, method: str = "auto", *,
         import importlib.util
 
         if method != "auto" or importlib.util.find_spec("mpi4py") is None:
-            why = "; ".join(f"{d.service}: {d}" for d in declined) or (
+            shown = [d for d in declined if d.present] or declined
+            why = "; ".join(f"{d.service}: {d}" for d in shown) or (
                 f"{env.launcher} offers no service distenv can ask")
             fix = "" if any("Fix:" in d for d in declined) else (
                 " Fix: set MASTER_ADDR (and NODE_RANK) for every rank, or pip install mpi4py.")

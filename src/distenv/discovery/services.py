@@ -46,6 +46,13 @@ class Service:
         and notes why, instead of failing."""
         return False
 
+    #: Variables whose presence means this launch carries the service (it was meant to
+    #: answer, whatever `offer` then decides).
+    markers: "tuple[str, ...]" = ()
+
+    def present(self, environ: "Mapping[str, str]") -> bool:
+        return any(var in environ for var in self.markers)
+
     def offer(self, environ: "Mapping[str, str]") -> "tuple[Any, str]":
         """(how to reach it, "") or (None, why not: with its fix where one applies)."""
         raise NotImplementedError
@@ -65,6 +72,7 @@ class Service:
 
 class Apinfo(Service):
     name = "apinfo"
+    markers = ("PALS_APINFO",)
 
     def soft(self, exc: Exception) -> bool:
         from ..apinfo import ApinfoUnreadable
@@ -95,6 +103,7 @@ class Apinfo(Service):
 
 class Pmix(Service):
     name = "pmix"
+    markers = ("PMIX_NAMESPACE",)
 
     def soft(self, exc: Exception) -> bool:
         from ..pmix import PMIxUnavailable
@@ -137,6 +146,7 @@ class Pmix(Service):
 class Pmi(Service):
     name = "pmi"
     collective = True
+    markers = ("PMI_FD", "PMI_PORT")
 
     def offer(self, environ: "Mapping[str, str]") -> "tuple[Any, str]":
         from .. import pmi

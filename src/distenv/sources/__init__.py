@@ -96,6 +96,11 @@ class Source:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
         return True
 
+    def refuses(self, service: str, env: "Env") -> str:
+        """Why this launch must not ask `service` (one of `services`) although it is offered,
+        with the fix; "" when it may (SLURM: PMI-1 does not span a heterogeneous step)."""
+        return ""
+
     def read(self, env: "Env", r: "Reading") -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 

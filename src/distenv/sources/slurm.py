@@ -132,6 +132,25 @@ def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
     return None
 
 
+def heterogeneous(env: "Env") -> "str | None":
+    """Why this task is in a heterogeneous step or job (`layout_doubt`'s signs), or None."""
+    from ..hostlist import expand_hostlist, expand_tasks_per_node
+
+    try:
+        hosts = expand_hostlist(env["SLURM_STEP_NODELIST"], "SLURM_STEP_NODELIST") \
+            if env.get("SLURM_STEP_NODELIST") else None
+        counts = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"], "SLURM_STEP_TASKS_PER_NODE") \
+            if env.get("SLURM_STEP_TASKS_PER_NODE") else None
+    except DistEnvError:
+        return None
+    nodeid = (env.get("SLURM_NODEID") or "").strip()
+    gtids = env.get("SLURM_GTIDS")
+    doubt = layout_doubt({k: env[k] for k in (*HET_VARS, "SLURMD_NODENAME") if k in env},
+                         hosts, int(nodeid) if nodeid.isdigit() else None, counts,
+                         gtids.split(",") if gtids else None)
+    return doubt[0] if doubt is not None and not doubt[1] else None
+
+
 #: The fix when the SLURM variables contradict each other (copied from another job or step).
 MIXED_FIX = ("Fix: run the script through srun in this allocation, and do not copy SLURM_* "
              "variables from another job or step into its environment.")
@@ -139,8 +158,9 @@ MIXED_FIX = ("Fix: run the script through srun in this allocation, and do not co
 PLACE_FIX = ("Fix: run the script through srun (a job step gives its node list), or give every "
              "rank's host in DISTENV_HOSTFILE (or set TF_CONFIG).")
 #: The fix when the layout is one SLURM's variables cannot place (arbitrary, heterogeneous).
-DOUBT_FIX = ("Fix: launch with srun --mpi=pmix (distenv then asks SLURM's PMIx server where "
-             "every task runs), or give every rank's host in DISTENV_HOSTFILE.")
+DOUBT_FIX = ("Fix: launch with srun --mpi=pmix or --mpi=cray_shasta (distenv then asks SLURM's "
+             "PMIx server or reads the apinfo file: where every task runs; --mpi=pmi2 too unless "
+             "the step is heterogeneous), or give every rank's host in DISTENV_HOSTFILE.")
 
 
 # -- which host runs each task (the resolver's rank_hosts; distenv.placement) ----------------
@@ -261,6 +281,21 @@ class Slurm(Source):
     def detect(self, env: "Env") -> bool:
         step = step_id(env)
         return step is not None and step.strip() not in NOT_TASK_STEPS and "SLURM_PROCID" in env
+
+    def refuses(self, service: str, env: "Env") -> str:
+        """PMI-1 (``--mpi=pmi2``) in a heterogeneous step: the plugin does not join the
+        components -- measured, SLURM 22.05, ``srun -w node2 : -w node1``: distenv's barrier
+        never completed, and neither did MPICH's own MPI_Init without distenv -- so asking
+        would only wait for the timeout."""
+        if service != "pmi":
+            return ""
+        why = heterogeneous(env)
+        if why is None:
+            return ""
+        return (f"{why}, and SLURM's pmi2 plugin does not join the components of a "
+                "heterogeneous step (MPI_Init itself never returns there). Fix: launch with "
+                "srun --mpi=pmix or --mpi=cray_shasta (distenv asks their service), or set "
+                "MASTER_ADDR (and NODE_RANK) for every task")
 
     def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
               ) -> "tuple[Later, str] | None":

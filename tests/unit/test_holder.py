@@ -1,0 +1,312 @@
+"""The holder (src/distenv/_holder.py) and the walk up to the launcher's daemon
+(src/distenv/discovery/chain.py), with real processes and sockets: what the holder costs, who
+may talk to it, the SLURM stepd relay, and the task's claim."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from distenv import _holder
+from distenv.discovery import chain as chains
+from distenv.discovery.chain import Chain, walk
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+
+
+def run_py(code: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC)}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=60, **kwargs)
+
+
+# -- what it costs ---------------------------------------------------------------------------------
+def private_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+
+
+def test_the_holder_holds_none_of_the_ranks_memory():
+    """A rank holding 200 MB starts a holder: the holder's own memory is a bare interpreter's
+    (the double-forked watcher it replaces kept a copy-on-write image of the whole rank:
+    211 MB measured). Then the rank frees its memory; the holder still holds a few MB."""
+    p = run_py("""
+        import os, sys
+        from distenv import _holder
+        big = bytearray(200 << 20)
+        for i in range(0, len(big), 4096):
+            big[i] = 1
+        h = _holder.start(os.getpid(), _holder.start_time(os.getpid()))
+        print(h.pid, flush=True)
+        sys.stdin.readline()
+    """, input="\n")
+    holder = int(p.stdout.split()[0])
+    assert p.returncode == 0, p.stderr
+    # the rank has exited: the holder notices and ends (it watched the rank)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{holder}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{holder}")
+
+
+def test_holder_memory_is_independent_of_the_rank():
+    code = """
+        import os, sys, time
+        from distenv import _holder
+        big = bytearray(200 << 20)
+        for i in range(0, len(big), 4096):
+            big[i] = 1
+        h = _holder.start(os.getpid(), _holder.start_time(os.getpid()))
+        print(h.pid, flush=True)
+        time.sleep(30)
+    """
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC)}
+    rank = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        holder = int(rank.stdout.readline())
+        mine = private_kb(holder)
+        theirs = private_kb(rank.pid)
+        assert theirs > 200_000  # the rank really holds its 200 MB
+        assert mine < 16_000, f"the holder holds {mine} kB privately"  # measured: about 6 MB
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_sigchld_ignored_by_the_program_does_not_break_starting_the_holder():
+    """A program (or a launch wrapper) that ignores SIGCHLD: its children are reaped by the
+    kernel, so waiting for one raises ChildProcessError (the watcher's os.waitpid did, out of
+    exchange(), over its PMIError)."""
+    p = run_py("""
+        import os, signal
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        from distenv import _holder
+        h = _holder.start(os.getpid(), _holder.start_time(os.getpid()))
+        print("started", h.pid > 0)
+    """)
+    assert p.returncode == 0 and "started True" in p.stdout, p.stderr
+
+
+# -- the SLURM stepd relay --------------------------------------------------------------------------
+def recv_line(sock: socket.socket, timeout: float = 10) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\n"):
+        part = sock.recv(4096)
+        if not part:
+            break
+        data += part
+    return data
+
+
+def test_the_stepd_relay_answers_a_later_init_and_passes_the_rest():
+    """The stepd accepts one init per task: the relay answers MPI_Init's with the stepd's
+    answer to distenv's, and passes the other lines on, one at a time; when the task ends
+    without a finalize, the holder sends one."""
+    stepd, up = socket.socketpair()
+    rank, down = socket.socketpair()
+    task = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
+                            stdin=subprocess.PIPE)
+    try:
+        h = _holder.start(task.pid, _holder.start_time(task.pid))
+        h.ask("pmi_relay", fds=[up.fileno(), down.fileno()],
+              init="cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
+        up.close()
+        down.close()
+        rank.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
+        assert recv_line(rank) == b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n"
+        rank.sendall(b"cmd=get_maxes\n")
+        assert recv_line(stepd) == b"cmd=get_maxes\n"  # the stepd sees only this, not the init
+        stepd.sendall(b"cmd=maxes rc=0 kvsname_max=256 keylen_max=256 vallen_max=1024\n")
+        assert recv_line(rank).startswith(b"cmd=maxes")
+        task.stdin.close()  # the task ends, without a finalize of its own
+        task.wait(10)
+        assert recv_line(stepd) == b"cmd=finalize\n"
+        stepd.sendall(b"cmd=finalize_ack rc=0\n")
+    finally:
+        task.kill()
+        task.wait()
+        h.close()
+
+
+def test_a_finalize_from_the_rank_is_passed_on_and_not_repeated():
+    stepd, up = socket.socketpair()
+    rank, down = socket.socketpair()
+    task = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
+                            stdin=subprocess.PIPE)
+    try:
+        h = _holder.start(task.pid, _holder.start_time(task.pid))
+        h.ask("pmi_relay", fds=[up.fileno(), down.fileno()], init="cmd=response_to_init rc=0")
+        up.close()
+        down.close()
+        rank.sendall(b"cmd=finalize\n")
+        assert recv_line(stepd) == b"cmd=finalize\n"
+        stepd.sendall(b"cmd=finalize_ack rc=0\n")
+        assert recv_line(rank) == b"cmd=finalize_ack rc=0\n"
+        stepd.close()  # the stepd closes the task's fd after a finalize (measured)
+        assert recv_line(rank) == b""
+        task.stdin.close()
+        task.wait(10)
+    finally:
+        task.kill()
+        task.wait()
+        h.close()
+
+
+# -- the PMIx relay: who may connect ------------------------------------------------------------------
+@pytest.fixture
+def server():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield s
+    s.close()
+
+
+def relay_to(server: socket.socket, cap: int = 2):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    h = _holder.start(os.getpid(), _holder.start_time(os.getpid()))
+    h.ask("pmix_relay", fds=[listener.fileno()], server=[socket.AF_INET, "127.0.0.1",
+                                                         server.getsockname()[1]],
+          max=cap, uid=os.getuid())
+    port = listener.getsockname()[1]
+    listener.close()
+    return h, port
+
+
+def test_another_users_connection_never_reaches_the_server(server):
+    """Bytes from another user (uid 65534) reached the server before: now the holder checks
+    the connection's owner in the kernel's socket table and closes it unanswered."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    import encodings.idna  # noqa: F401 - the child cannot import it (root's Python, 0700)
+
+    h, port = relay_to(server)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setuid(65534)
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                s.sendall(b"from a stranger")
+                s.settimeout(5)
+                try:
+                    got = s.recv(10)
+                except ConnectionResetError:  # closed with our bytes unread: a reset
+                    got = b""
+                os._exit(0 if got == b"" else 1)  # closed on it, nothing relayed
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        server.settimeout(1)
+        with pytest.raises(socket.timeout):
+            server.accept()  # no connection was made to the server for it
+        # this user's connection still goes through
+        mine = socket.create_connection(("127.0.0.1", port), timeout=5)
+        server.settimeout(10)
+        up, _ = server.accept()
+        mine.sendall(b"ok")
+        assert up.recv(2) == b"ok"
+    finally:
+        h.ask("pmix_done", drop=True)
+        h.close()
+
+
+def test_at_most_the_cap_and_unused_connections_are_not_held(server):
+    """40 connections held 41 server sockets and 80 threads before: now at most `cap`, and
+    a connection that never carried a byte closes the server's end at once."""
+    h, port = relay_to(server, cap=2)
+    try:
+        first = socket.create_connection(("127.0.0.1", port), timeout=5)
+        server.settimeout(10)
+        up1, _ = server.accept()
+        first.close()  # never used
+        up1.settimeout(10)
+        assert up1.recv(10) == b""  # the server's end closed, not held
+        second = socket.create_connection(("127.0.0.1", port), timeout=5)
+        up2, _ = server.accept()
+        with pytest.raises(OSError):  # the cap is reached: no more listening
+            third = socket.create_connection(("127.0.0.1", port), timeout=2)
+            third.settimeout(2)
+            assert third.recv(1) == b""
+            raise ConnectionRefusedError
+        second.sendall(b"used")
+        assert up2.recv(4) == b"used"
+    finally:
+        h.ask("pmix_done", drop=True)
+        h.close()
+
+
+# -- the walk up to the daemon ---------------------------------------------------------------------
+DAEMONS = {"hydra_pmi_proxy": "Hydra", "slurmstepd": "SLURM"}
+
+
+@pytest.mark.parametrize("tree, daemon, task, between", [
+    ({10: (9, "python3.11"), 9: (5, "hydra_pmi_proxy")}, 9, 10, []),
+    ({10: (9, "python3.11"), 9: (8, "bash"), 8: (5, "slurmstepd")}, 8, 9, ["bash"]),
+    ({10: (9, "python3.11"), 9: (8, "time"), 8: (7, "dash"), 7: (5, "hydra_pmi_proxy")}, 7, 8,
+     ["time", "dash"]),
+])
+def test_walk_finds_the_daemon_through_programs_that_never_speak_pmi(tree, daemon, task, between):
+    names = {pid: n for pid, (_, n) in tree.items()}
+    got, why = walk(lambda pid: DAEMONS.get(names.get(pid, "")), "d", start=10,
+                    parent=lambda pid: tree[pid][0], name=lambda pid: names.get(pid, ""))
+    assert why == "" and got is not None
+    assert (got.daemon, got.task, got.between, got.kind) == (daemon, task, between, DAEMONS[names[daemon]])
+
+
+@pytest.mark.parametrize("tree, says", [
+    ({10: (9, "python3.11"), 9: (8, "python3.11"), 8: (5, "hydra_pmi_proxy")},
+     "a Python process: this one is a child of a rank"),
+    ({10: (9, "python3.11"), 9: (8, "mpi_program"), 8: (5, "hydra_pmi_proxy")},
+     "a program that may speak PMI itself"),
+    ({10: (9, "python3.11"), 9: (1, "bash")}, "no launcher daemon (d) is an ancestor"),
+])
+def test_walk_refuses_with_the_reason_and_the_exec_fix(tree, says):
+    names = {pid: n for pid, (_, n) in tree.items()}
+    got, why = walk(lambda pid: DAEMONS.get(names.get(pid, "")), "d", start=10,
+                    parent=lambda pid: tree.get(pid, (None,))[0], name=lambda pid: names.get(pid, ""))
+    assert got is None and says in why and "exec python train.py" in why
+
+
+# -- the task's claim ----------------------------------------------------------------------------------
+def test_a_later_program_of_the_task_gets_the_first_ones_answer():
+    """The first program takes the task's claim and its holder answers the later ones -- only
+    this user's processes that descend from the task."""
+    me = os.getpid()
+    chain = Chain(1, "fake", "Hydra", me, _holder.start_time(me), ["bash"])
+    assert chains.earlier_answer("test-claim", chain, 1) is None
+    claim = chains.take_claim("test-claim", chain)
+    assert claim is not None
+    assert chains.take_claim("test-claim", chain) is None  # taken: one asker per task
+    h = _holder.start(me, _holder.start_time(me))
+    try:
+        h.ask("claim", fds=[claim.fileno()], answer='{"said": 1}', task=me)
+        claim.close()
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "from distenv.discovery import chain as c; from distenv import _holder; "
+                f"ch = c.Chain(1, 'fake', 'Hydra', {me}, {chain.task_start}, ['bash']); "
+                "print(c.earlier_answer('test-claim', ch, 5))")
+        p = subprocess.run([sys.executable, "-c", code, os.path.abspath(SRC)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.stdout.strip() == '{"said": 1}', p.stderr  # a child of the task: answered
+        if os.getuid() == 0:
+            pid = os.fork()
+            if pid == 0:  # another user: refused (the connection closes unanswered)
+                os.setuid(65534)
+                os._exit(0 if chains.earlier_answer("test-claim", chain, 5) is None else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        h.close()
