@@ -6,7 +6,7 @@ set -uo pipefail
 . "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"
 eval "$("$CLUSTER_DIR/slurm-up.sh")"
 B=$CLUSTER_STATE/bin J=$CLUSTER_STATE/jobs
-PY=${DISTENV_VENV:-/work/main/.venv}/bin
+PY=${DISTENV_VENV:-$CLUSTER_REPO/.venv}/bin
 mkdir -p "$J"
 "$CLUSTER_DIR/mpi-check.sh" --build-only >/dev/null 2>&1 || true
 rc=0

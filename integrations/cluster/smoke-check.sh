@@ -7,7 +7,7 @@ set -uo pipefail
 . "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"
 "$CLUSTER_DIR/up.sh" >/dev/null
 L=${DISTENV_LAUNCHERS_DIR:-/opt/distenv-launchers}
-PY=${DISTENV_VENV:-/work/main/.venv}/bin/python
+PY=${DISTENV_VENV:-$CLUSTER_REPO/.venv}/bin/python
 [ -x "$PY" ] || { echo "SKIP: no $PY"; exit 0; }
 SSH=$CLUSTER_DIR/fakessh NET=$CLUSTER_PREFIX.0/24 S=$CLUSTER_DIR/torch_smoke.py
 ON1=("$CLUSTER_DIR/on-node" node1 timeout -k 5 180)

@@ -4,7 +4,7 @@
     python integrations/frameworks/horovod_patch.py /path/to/horovod-0.28.1
 
 Horovod 0.28.1 (2023, the last release) does not build against today's frameworks as is
-(measured; see shared/LAUNCHERS.md section 6):
+(measured; see docs/frameworks/horovod.md#building-horovod-0281):
 
 1. torch 2.x headers need C++17, but the top-level and horovod/torch CMake files ask for
    C++14 and third_party/gloo adds -std=c++11; mixing the standards breaks the link on

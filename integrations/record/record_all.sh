@@ -37,7 +37,7 @@ for s in openmpi/install.sh openmpi/install-5.sh mpich/install.sh mpich/install-
 done
 [ -x "$TORCHRUN" ] || die "$TORCHRUN missing: install torch==2.13.0 into the project .venv"
 
-# --- a clean environment: no launcher variable inherited from this shell (trap 9) -------
+# --- a clean environment: no launcher variable inherited from this shell (docs/launchers.md#trap-9)
 for v in $(compgen -e); do
     case "$v" in
         OMPI_*|PMIX_*|PMI_*|MPI_LOCAL*|HYDRA_*|I_MPI_*|MV2_*|SLURM_*|SLURMD_*|TORCHELASTIC_*|\

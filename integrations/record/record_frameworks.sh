@@ -29,7 +29,7 @@ REC="$here/record_env.py"
 HVD="$DISTENV_REPO_DIR/.venvs/horovod"
 DS="$DISTENV_REPO_DIR/.venvs/deepspeed"
 
-# A clean environment: no launcher variable inherited from this shell (trap 9).
+# A clean environment: no launcher variable inherited from this shell (docs/launchers.md#trap-9).
 for v in $(compgen -e); do
     case "$v" in
         OMPI_*|PMIX_*|PMI_*|MPI_LOCAL*|HYDRA_*|I_MPI_*|MV2_*|SLURM_*|SLURMD_*|TORCHELASTIC_*|\

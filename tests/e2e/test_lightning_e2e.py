@@ -177,7 +177,8 @@ def test_adapter_unit_tests_in_the_venv():
     p = subprocess.run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                         "tests/unit/test_lightning_adapter.py", "tests/unit/test_lightning_patch.py"],
                        capture_output=True, text=True, timeout=900, cwd=repo,
-                       env={"PATH": "/usr/bin:/bin", "HOME": "/root", "OMP_NUM_THREADS": "1",
+                       env={"PATH": "/usr/bin:/bin", "HOME": os.path.expanduser("~"),
+                            "OMP_NUM_THREADS": "1",
                             "DISTENV_REQUIRE_FRAMEWORK": "lightning",
                             "DISTENV_LIGHTNING_PACKAGES": ",".join(PACKAGES)})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]

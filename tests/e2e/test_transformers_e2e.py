@@ -27,6 +27,7 @@ without distenv and the same launch passing with it:
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 
 import pytest
@@ -223,7 +224,8 @@ def test_adapter_unit_tests_in_the_venv(name):
     p = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                         str(REPO / "tests" / "unit" / "test_transformers_adapter.py")],
                        capture_output=True, text=True, timeout=600, cwd=str(REPO),
-                       env={"PATH": "/usr/bin:/bin", "HOME": "/root", "OMP_NUM_THREADS": "1",
+                       env={"PATH": "/usr/bin:/bin", "HOME": os.path.expanduser("~"),
+                            "OMP_NUM_THREADS": "1",
                             "DISTENV_REQUIRE_FRAMEWORK": "transformers"})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert " passed" in p.stdout and " skipped" not in p.stdout, p.stdout[-2000:]

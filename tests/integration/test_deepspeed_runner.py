@@ -132,8 +132,9 @@ def test_deepspeed_runner_openmpi_two_nodes(cluster, tmp_path):
         assert (d["local_rank"], d["local_world_size"]) == \
             (int(v["OMPI_COMM_WORLD_LOCAL_RANK"]), int(v["OMPI_COMM_WORLD_LOCAL_SIZE"])), r
         assert r["host"] == ("node1", "node2")[int(v["OMPI_COMM_WORLD_RANK"]) // 2], r
-        # Open MPI 4 names no node index (trap 1: OMPI_COMM_WORLD_NODE_RANK is a local rank),
-        # so distenv leaves it unknown, as in the openmpi4-2x2 layout; the counts it knows
+        # Open MPI 4 names no node index (OMPI_COMM_WORLD_NODE_RANK is a local rank:
+        # docs/launchers.md#trap-1), so distenv leaves it unknown, as in the openmpi4-2x2
+        # layout; the counts it knows
         assert v["OMPI_COMM_WORLD_NODE_RANK"] == v["OMPI_COMM_WORLD_LOCAL_RANK"], r
         assert (d["node_rank"], d["num_nodes"], d["nproc_per_node"]) == (None, 2, 2), r
         # rank 0's node, found in Open MPI's variables (mpirun runs on node1, with rank 0)

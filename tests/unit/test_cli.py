@@ -22,7 +22,7 @@ from envs import ompi
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 CONSOLE = os.path.join(VENV_BIN, "distenv")
-MPIRUN = "/usr/bin/mpirun"  # Open MPI 4 (Debian), see /work/shared/LAUNCHERS.md
+MPIRUN = "/usr/bin/mpirun"  # Open MPI 4 (Debian), docs/launchers.md#installing
 DROP = ("OMPI_", "PMI", "PMIX_", "SLURM_", "DISTENV_", "TORCHELASTIC_", "HYDRA_", "MPI_LOCAL",
         "PET_", "PRTE_")
 TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
