@@ -5,9 +5,10 @@ SKYPILOT_* variables; the workers are yet to be started (SkyPilot's own guide st
 torchrun from those variables): a per-node launch, whose whole launch line is
 ``distenv run -- python main.py``.
 
-Proof of every field: SkyPilot's source and documentation (skypilot-org/skypilot, master of
-2026, 0.14 development line: ``sky/backends/task_codegen.py``, ``RayCodeGen.add_setup`` and
-``_add_ray_task``; ``sky/skylet/constants.py``; ``docs/source/running-jobs/
+Proof of every field: SkyPilot's source and documentation (skypilot-org/skypilot, the 0.14
+development line, ``sky/__init__.py`` ``__version__ = '0.14.0rc1'``: ``sky/backends/
+task_codegen.py`` at commit 00526108, ``RayCodeGen.add_setup`` and ``_add_ray_task``;
+``sky/skylet/constants.py``; ``sky/skylet/executor/slurm.py``; ``docs/source/running-jobs/
 distributed-jobs.rst`` and ``environment-variables.rst``):
 
 ===============  ===========================================================================
