@@ -144,3 +144,17 @@ def test_a_hand_set_master_addr_naming_another_pod_is_an_error(no_gpus):
         resolve(dict(INDEXED, MASTER_ADDR="distenv-ddp-1.distenv-ddp"))
     with pytest.raises(DistEnvError, match="NODE_RANK=0 contradicts"):
         resolve(dict(INDEXED, NODE_RANK="0"))
+
+
+def test_one_worker_per_pod_is_exec_ed_and_its_process_resolves_the_same(no_gpus):
+    """No GPU in the pod: `distenv run` execs the command as the pod's only worker, with the
+    torch variables exported and DISTENV_AUTO=1; that process (DISTENV_AUTO, the adapters)
+    resolves the same launch again, the exported variables agreeing with the pod's."""
+    from distenv import run
+
+    p = run.plan(["python", "main.py"], POD3)
+    assert p.mode == "exec" and p.argv == ["python", "main.py"]
+    assert (p.environ["RANK"], p.environ["WORLD_SIZE"], p.environ["DISTENV_AUTO"]) == ("3", "4", "1")
+    again = resolve(p.environ)
+    assert (again.launcher, again.rank, again.world_size, again.master_addr, again.master_port) == (
+        "k8s_job", 3, 4, "distenv-ddp-workers-0-0.distenv-ddp", p.env.master_port)
