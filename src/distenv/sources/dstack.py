@@ -86,8 +86,8 @@ class Dstack(Source):
         raw = env.get(IPS)
         ips = address_lines(raw, IPS, FIX) if raw is not None else None
         if ips is not None and count is not None and len(ips) != count:
-            fewer = "the nodes after line {} have no address".format(len(ips)) if len(ips) < count \
-                else "which lines are this run's nodes is not proven"
+            fewer = (f"the nodes after line {len(ips)} have no address" if len(ips) < count
+                     else "which lines are this run's nodes is not proven")
             raise DistEnvError(f"{IPS} lists {len(ips)} address(es) but DSTACK_NODES_NUM={count}: "
                                f"{fewer}. {FIX}")
         master = (env.get("DSTACK_MASTER_NODE_IP") or "").strip()
