@@ -47,7 +47,11 @@ PLATFORM_SOURCES = {"azureml": "azureml", "gcp": "gcp", "vertex": "gcp", "sagema
 #: ... else the launcher that wins.
 NO_PLATFORM_SOURCES = {"kubeflow_mpijob_rank3": "openmpi", "kubeflow_tfjob_worker1": "tfconfig",
                        "tf_config_chief_worker_ps": "tfconfig", "tf_config_evaluator": "tfconfig",
-                       "plain_kubernetes_pod": "single"}
+                       "plain_kubernetes_pod": "single",
+                       "skypilot_2x4_node0": "skypilot", "skypilot_2x4_node1": "skypilot",
+                       "dstack_2x4_node0": "dstack", "dstack_2x4_node1": "dstack",
+                       "k8s_indexed_job_2pods_pod1": "k8s_job",
+                       **{f"jobset_2jobs_job{j}_pod{p}": "k8s_job" for j in (0, 1) for p in (0, 1)}}
 
 
 def platform_source(name):

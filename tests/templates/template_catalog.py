@@ -46,12 +46,17 @@ TEMPLATES = [
     ("integrations/lsf/per_node.lsf", "bash"),
     ("integrations/pbs/per_process.pbs", "bash"),
     ("integrations/pbs/per_node.pbs", "bash"),
+    ("integrations/skypilot/train.yaml", "yaml"),
+    ("integrations/dstack/train.dstack.yml", "yaml"),
+    ("integrations/kubernetes/indexed_job.yaml", "yaml"),
+    ("integrations/kubernetes/jobset.yaml", "yaml"),
 ]
 
 #: Folders whose templates are listed above (a new file there must be listed too).
 TEMPLATE_DIRS = ["integrations/azureml", "integrations/gcp", "integrations/vertex",
                  "integrations/sagemaker", "integrations/kubeflow",
-                 "integrations/slurm/templates", "integrations/lsf", "integrations/pbs"]
+                 "integrations/slurm/templates", "integrations/lsf", "integrations/pbs",
+                 "integrations/skypilot", "integrations/dstack", "integrations/kubernetes"]
 
 #: The example each template runs by default.
 TORCH_EXAMPLE = "examples/pytorch_ddp.py"
@@ -356,6 +361,43 @@ def _shell(rel) -> "list[Launch]":
                    {"text": text, "commands": cmds})]
 
 
+def _skypilot(rel) -> "list[Launch]":
+    """SkyPilot runs `run` once per node (`num_nodes`), with `accelerators: <name>:<count>`."""
+    (task,) = load_yaml(REPO / rel)
+    (cmd,) = [c for c in shell_commands(task["run"]) if distenv_run_args(c) is not None]
+    gpus = int(str(task["resources"]["accelerators"]).rpartition(":")[2])
+    return [Launch(rel, "run", cmd, task["num_nodes"], 1, gpus, "skypilot", {"task": task})]
+
+
+def _dstack(rel) -> "list[Launch]":
+    """dstack's runner runs `commands` once per node (`nodes`), with `resources.gpu`."""
+    (task,) = load_yaml(REPO / rel)
+    (cmd,) = [shlex.split(c) for c in task["commands"] if distenv_run_args(shlex.split(c)) is not None]
+    return [Launch(rel, "commands", cmd, task["nodes"], 1, int(task["resources"]["gpu"]), "dstack",
+                   {"task": task})]
+
+
+def _kubernetes(rel) -> "list[Launch]":
+    """An Indexed Job (one pod per completion index) or a JobSet (replicas x completions
+    pods per replicated Job), one container each."""
+    docs = load_yaml(REPO / rel)
+    out = []
+    for doc in docs:
+        if doc["kind"] == "Job":
+            jobs = [("Job", 1, doc["spec"])]
+        elif doc["kind"] == "JobSet":
+            jobs = [(r["name"], r.get("replicas", 1), r["template"]["spec"])
+                    for r in doc["spec"]["replicatedJobs"]]
+        else:
+            continue
+        for name, replicas, spec in jobs:
+            (c,) = spec["template"]["spec"]["containers"]
+            out.append(Launch(rel, name, _container_argv(c), replicas * spec["completions"], 1,
+                              _gpus(c), doc["kind"], {"doc": doc, "job": spec, "container": c,
+                                                      "docs": docs}))
+    return out
+
+
 def launches() -> "list[Launch]":
     out: "list[Launch]" = []
     for rel, _fmt in TEMPLATES:
@@ -375,4 +417,10 @@ def launches() -> "list[Launch]":
             out += _sagemaker(rel)
         elif rel.endswith((".sbatch", ".lsf", ".pbs")):
             out += _shell(rel)
+        elif rel.startswith("integrations/skypilot/"):
+            out += _skypilot(rel)
+        elif rel.startswith("integrations/dstack/"):
+            out += _dstack(rel)
+        elif rel.startswith("integrations/kubernetes/"):
+            out += _kubernetes(rel)
     return out

@@ -101,6 +101,15 @@ CASES = {
     "kubeflow/tfjob.yaml::Chief": [
         Case("kubeflow_tfjob_worker1", dict(tf_task={"type": "chief", "index": 0}), CHIEF)],
     "kubeflow/tfjob.yaml::Worker": [Case("kubeflow_tfjob_worker1")],
+    # SkyPilot, dstack: every node runs the same line; each node's documented environment.
+    "skypilot/train.yaml::run": [Case("skypilot_2x4_node0"), Case("skypilot_2x4_node1")],
+    "dstack/train.dstack.yml::commands": [Case("dstack_2x4_node0"), Case("dstack_2x4_node1")],
+    "kubernetes/indexed_job.yaml::Job": [
+        Case("k8s_indexed_job_2pods_pod1"),
+        Case("k8s_indexed_job_2pods_pod1", dict(JOB_COMPLETION_INDEX="0", HOSTNAME="distenv-ddp-0"),
+             dict(node_rank=0))],
+    "kubernetes/jobset.yaml::workers": [Case(f"jobset_2jobs_job{j}_pod{p}")
+                                        for j in (0, 1) for p in (0, 1)],
 }
 
 

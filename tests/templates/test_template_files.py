@@ -212,7 +212,9 @@ PINNING_FLAGS = re.compile(r"--node[-_]rank|--master[-_]addr|--master[-_]port|--
 #: Variables that would: `NAME=value`, `NAME: value` (YAML), `${NAME:-value}` (shell default).
 PINNING_VARS = re.compile(
     r"\b(RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|PET_NODE_RANK|PET_MASTER_ADDR|"
-    r"MASTER_ADDR)(?:\s*=|:-|:\s)\s*[\"']?(\S*)")
+    r"MASTER_ADDR|SKYPILOT_NODE_RANK|SKYPILOT_NODE_IPS|SKYPILOT_NUM_NODES|DSTACK_NODE_RANK|"
+    r"DSTACK_NODES_IPS|DSTACK_NODES_NUM|DSTACK_MASTER_NODE_IP|JOB_COMPLETION_INDEX)"
+    r"(?:\s*=|:-|:\s)\s*[\"']?(\S*)")
 
 
 @pytest.mark.parametrize("rel,fmt", TEMPLATES, ids=IDS)
@@ -226,13 +228,72 @@ def test_no_rank_node_rank_or_master_address_is_hard_coded(rel, fmt):
     assert not bad, f"{rel} pins a rank or address: {bad}"
 
 
+def test_the_pinning_check_sees_the_platforms_variables():
+    """The check above, on the lines a template must never hold."""
+    for line in ("SKYPILOT_NODE_RANK=1", "export DSTACK_MASTER_NODE_IP=10.0.0.1",
+                 "  DSTACK_NODES_NUM: 2", "JOB_COMPLETION_INDEX=0", "MASTER_ADDR: head"):
+        assert [m.group(0) for m in PINNING_VARS.finditer(line) if not m.group(2).startswith("$")], line
+    assert not [m for m in PINNING_VARS.finditer("N=${SKYPILOT_NUM_NODES}") if not m.group(2).startswith("$")]
+
+
+#: What a Kubernetes pod template may give its container literally: copies of the Job's own
+#: spec (checked equal below). The pod's place comes from Kubernetes (JOB_COMPLETION_INDEX) or
+#: from the pod's labels through the downward API, never from a value in the template.
+K8S_LITERAL = {"DISTENV_JOB_COMPLETIONS": lambda job: str(job["completions"]),
+               "DISTENV_JOB_SUBDOMAIN": lambda job: job["template"]["spec"]["subdomain"]}
+#: The downward-API field each variable must come from.
+K8S_FIELDS = {
+    "DISTENV_JOB_NAME": ("metadata.labels['batch.kubernetes.io/job-name']",),
+    **{f"DISTENV_JOBSET_{var}": (f"metadata.labels['jobset.sigs.k8s.io/{key}']",
+                                 f"metadata.annotations['jobset.sigs.k8s.io/{key}']")
+       for var, key in (("JOB_GLOBAL_INDEX", "job-global-index"), ("GLOBAL_REPLICAS", "global-replicas"),
+                        ("REPLICATED_JOB_REPLICAS", "replicatedjob-replicas"),
+                        ("COORDINATOR", "coordinator"))},
+}
+
+
+def test_kubernetes_templates_pass_the_pod_s_place_only_through_the_downward_api(all_launches):
+    """Indexed Job and JobSet: every DISTENV_ variable a pod gets is a copy of its Job's own
+    spec (equal to it: completions = parallelism, the subdomain, a headless Service that selects
+    the Job's pods) or a downward-API field of the pod's labels; nothing is typed per pod."""
+    seen = set()
+    for l in all_launches:
+        if l.kind not in ("Job", "JobSet"):
+            continue
+        job, env = l.extra["job"], l.extra["container"].get("env", [])
+        assert job["completionMode"] == "Indexed" and job["parallelism"] == job["completions"], l.key
+        for item in env:
+            name = item["name"]
+            seen.add(name)
+            assert name != "JOB_COMPLETION_INDEX", f"{l.key}: Kubernetes sets JOB_COMPLETION_INDEX"
+            if name in K8S_LITERAL:
+                assert item.get("value") == K8S_LITERAL[name](job), f"{l.key}: {item}"
+            elif name.startswith("DISTENV_"):
+                assert "value" not in item, f"{l.key}: {name} typed by hand"
+                path = item["valueFrom"]["fieldRef"]["fieldPath"]
+                assert path in K8S_FIELDS[name], f"{l.key}: {name} from {path}"
+        if l.kind == "Job":
+            sub = job["template"]["spec"]["subdomain"]
+            (svc,) = [d for d in l.extra["docs"] if d["kind"] == "Service"]
+            assert svc["metadata"]["name"] == sub and svc["spec"]["clusterIP"] == "None", l.key
+            assert svc["spec"]["selector"] == {"batch.kubernetes.io/job-name": l.extra["doc"]["metadata"]["name"]}
+        else:
+            assert l.extra["doc"]["spec"]["coordinator"]["replicatedJob"] == l.name, l.key
+            assert len(l.extra["doc"]["spec"]["replicatedJobs"]) == 1, \
+                f"{l.key}: the pods that train together are one replicated Job"
+    assert seen >= {"DISTENV_JOB_COMPLETIONS", "DISTENV_JOB_NAME", "DISTENV_JOB_SUBDOMAIN",
+                    "DISTENV_JOBSET_JOB_GLOBAL_INDEX", "DISTENV_JOBSET_COORDINATOR"}
+
+
 # -- distenv reaches the nodes ---------------------------------------------------------------
 def test_distenv_is_on_every_platforms_nodes(all_launches):
     """Each template gets distenv where it runs: Azure uploads the repository with
     PYTHONPATH=src; SageMaker ships src/distenv (and examples/ for the per-node entry
     point) in /opt/ml/code, which is on PYTHONPATH; the container platforms use the image
     of integrations/kubeflow/Dockerfile, which pip-installs this checkout (the `distenv`
-    console script)."""
+    console script); SkyPilot syncs its workdir and dstack clones its repo (this checkout) to
+    every node, where they pip-install it; HPC templates run on the cluster's shared file
+    system. A template of another kind fails until its way is checked here."""
     docker = (REPO / "integrations/kubeflow/Dockerfile").read_text()
     assert "COPY src ./src" in docker and re.search(r"pip install [^\n]*\s\.\s*$", docker, re.M)
     for l in all_launches:
@@ -249,6 +310,21 @@ def test_distenv_is_on_every_platforms_nodes(all_launches):
             if l.extra["entry_point"].endswith(".sh"):
                 assert "examples" in deps, f"{l.key}: the entry point runs examples/..."
             assert "/opt/ml/code" in (REPO / l.template).read_text()
-        elif l.kind in ("PyTorchJob", "TrainJob", "MPIJob", "TFJob", "gcp", "vertex"):
+        elif l.kind in ("PyTorchJob", "TrainJob", "MPIJob", "TFJob", "gcp", "vertex", "Job",
+                        "JobSet"):
             text = (REPO / l.template).read_text()
             assert "integrations/kubeflow/Dockerfile" in text, f"{l.key}: which image?"
+        elif l.kind == "skypilot":
+            # `workdir` (sky launch from the repository root) is synced to every node; setup
+            # installs it.
+            task = l.extra["task"]
+            assert (REPO / task["workdir"]).resolve() == REPO, l.key
+            assert re.search(r"pip install [^\n]*\.\s*$", task["setup"], re.M), l.key
+        elif l.kind == "dstack":
+            # `repos` paths are relative to the configuration file; the commands install it.
+            task = l.extra["task"]
+            (repo,) = task["repos"]
+            assert ((REPO / l.template).parent / repo).resolve() == REPO, l.key
+            assert any(re.search(r"pip install .*\s\.$", c) for c in task["commands"]), l.key
+        elif not l.template.endswith((".sbatch", ".lsf", ".pbs")):  # HPC: a shared file system
+            raise AssertionError(f"{l.key}: how does distenv reach this platform's nodes?")

@@ -186,6 +186,10 @@ LAUNCHERS = [
     Entry("kubeflow", "kubeflow", ("PET_NNODES", "PET_NODE_RANK")),
     Entry("gcp", "gcp", ("CLUSTER_SPEC",)),
     Entry("sagemaker", "sagemaker", ("SM_HOSTS",)),
+    Entry("skypilot", "skypilot", ("SKYPILOT_NODE_RANK",)),
+    Entry("dstack", "dstack", ("DSTACK_NODE_RANK",)),
+    # Indexed Job / JobSet pods: only with the template's DISTENV_JOB_COMPLETIONS (detect()).
+    Entry("k8s_job", "k8s_job", ("JOB_COMPLETION_INDEX", "DISTENV_JOB_COMPLETIONS")),
     Entry("tf_config", "tfconfig", ("TF_CONFIG",)),
     Entry("env", "plain", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
 ]

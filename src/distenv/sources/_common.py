@@ -1,11 +1,14 @@
 """Helpers shared by sources (kept tiny: each source stays readable on its own).
 
-block_layout's proof is the calling platform's documented layout (docs/inferences.md).
+block_layout's proof is the calling platform's documented layout (docs/inferences.md);
+address_lines reads the node lists SkyPilot and dstack document (line k: node rank k);
+check_master refuses a MASTER_ADDR that names another node of such a list than node 0.
 """
 
 from __future__ import annotations
 
-from ..reading import get_int, Reading
+from ..errors import DistEnvError
+from ..reading import get_int, Reading, show
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -47,3 +50,34 @@ def block_layout(r: Reading, why: str) -> None:
     r.default("num_nodes", nodes, f"world size / local world size ({why})")
     r.default("node_rank", rank // local, f"rank // local world size ({why})")
     r.default("nproc_per_node", local, f"local world size ({why})")
+
+
+def address_lines(raw: str, var: str, fix: str) -> "tuple[str, ...]":
+    """The node addresses of a newline-separated list (SkyPilot's SKYPILOT_NODE_IPS, dstack's
+    DSTACK_NODES_IPS: one address per line, node rank order). Blank space around the list and
+    around each line is dropped; an empty list, an empty line or a line holding blanks is an
+    error ending with `fix` (a list distenv cannot read proves no node order)."""
+    text = raw.strip()
+    if not text:
+        raise DistEnvError(f"{var} is empty: it names no node, so neither rank 0's address nor "
+                           f"the node order is known. {fix}")
+    lines = tuple(line.strip() for line in text.split("\n"))
+    for i, host in enumerate(lines):
+        if not host or any(c.isspace() for c in host):
+            raise DistEnvError(f"{var}={show(raw)}: line {i + 1} is {show(host)}, not one "
+                               f"address. {fix}")
+    return lines
+
+
+def check_master(env: "Env", hosts: "tuple[str, ...]", why: str) -> None:
+    """A MASTER_ADDR set by hand that names another node of the list than node 0 (where the
+    launch puts rank 0) is a contradiction, never a choice; one the list does not hold (a host
+    name, another interface of node 0) cannot be checked, and the resolver takes it with a
+    note."""
+    given = (env.get("MASTER_ADDR") or "").strip()
+    if not given or given == hosts[0] or given not in hosts:
+        return
+    raise DistEnvError(
+        f"MASTER_ADDR={show(given)} is node {hosts.index(given)}'s address in {why}, but rank 0 "
+        f"runs on node 0 ({hosts[0]}). Fix: unset MASTER_ADDR (distenv takes node 0's address "
+        f"from {why}), or set it to node 0's address.")

@@ -42,6 +42,10 @@ def _not_a_task(env: "Env") -> None:
 #: without launcher variables they mean "perhaps not one process", and distenv's zero-code
 #: paths leave the framework's own detection alone (they act only on distributed launches).
 FRAMEWORK_PLATFORMS = (
+    ("JOB_COMPLETION_INDEX", "a pod of a Kubernetes Indexed Job: distenv reads it only when the "
+                             "pod template passes DISTENV_JOB_COMPLETIONS and the pods' names "
+                             "(integrations/kubernetes/); JAX's own Kubernetes detection may find "
+                             "the job"),
     ("KUBERNETES_SERVICE_HOST", "a Kubernetes pod: JAX's own Kubernetes detection may find the "
                                 "job (with the kubernetes package)"),
     ("TPU_ACCELERATOR_TYPE", "a Cloud TPU VM: JAX, torch-xla (Lightning's XLA environment, "
