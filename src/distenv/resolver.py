@@ -247,10 +247,11 @@ def _nproc_override(value: object, env: "Env") -> "tuple[int, str]":
     takes ("4", auto, gpu, cpu), checked as that variable is; anything else (2.5, -3, True,
     "x") is one DistEnvError, never truncated nor ignored."""
     if isinstance(value, str):
-        count, why = _nproc_value(value, "nproc_per_node", env, fix=NPROC_ARG_FIX, given=" (given to resolve())")
+        count, why = _nproc_value(value, "nproc_per_node", env, fix=NPROC_ARG_FIX,
+                                  given=" (given to resolve())")
         return count, f"{why} (given to resolve())"
-    if value.__class__ is int and 1 <= value < MAX_COUNT:  # type: ignore[operator]  # an int here
-        return value, "given to resolve()"  # type: ignore[return-value]  # an int here
+    if value.__class__ is int and 1 <= value < MAX_COUNT:
+        return value, "given to resolve()"
     raise DistEnvError(f"nproc_per_node={show(repr(value))} (given to resolve()) is not a number of "
                        f"workers per node. Fix: {NPROC_ARG_FIX}")
 
