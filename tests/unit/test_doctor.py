@@ -384,3 +384,23 @@ def test_doctor_names_the_only_adapters_acting_on_a_tpu_pod(machine):
     assert any("only distenv's jax adapter" in m for m in launch), launch
     plain = doctor.diagnose({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, probe=False)
     assert not any("only distenv's" in f["message"] for f in plain["findings"])
+
+
+# -- long findings (issue 30, item 12) -------------------------------------------------------------
+def test_a_finding_is_printed_whole_or_says_where_it_is_whole(machine):
+    """The no-launcher launch finding (316 characters) was cut at 120 with '... (316 chars)'
+    and no way to read the rest; now findings print whole, and one longer than the limit says
+    where the whole text is (the JSON report holds it)."""
+    report = doctor.diagnose({}, probe=False)
+    launch = next(f for f in findings(report, "launch") if f["level"] == "info")
+    assert len(launch["message"]) > 200  # what was cut
+    text = doctor.render(report)
+    assert f"[info] launch: {launch['message']}\n" in text
+    assert "chars)" not in text
+    long = {**report, "findings": [{"level": "warning", "topic": "launch", "message": "w" * 2500,
+                                    "fix": "f" * 2100}]}
+    text = doctor.render(long)
+    assert "  [warning] launch: " + "w" * 2000 + "... (2500 chars; the whole text: distenv doctor --json)" in text
+    assert "      fix: " + "f" * 2000 + "... (2100 chars; the whole text: distenv doctor --json)" in text
+    line = doctor.summary(long)
+    assert "w" * 200 + "... (2500 chars; the whole text: distenv doctor)" in line and "\n" not in line
