@@ -403,6 +403,16 @@ TORCH_SCRIPT = """
 """
 
 
+def needs_torch():
+    """Skip without torch, without importing it here: the tests run it in subprocesses, and an
+    import in this process changes what later tests see (tests/unit/test_tensorflow_patch.py::
+    test_each_local_process_gets_its_gpus fails once torch is imported)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed for this interpreter")
+
+
 def _clean(extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI", "SLURM_", "DISTENV_", "TORCHELASTIC_", "KUBERNETES_"))
@@ -417,7 +427,7 @@ def test_DISTENV_AUTO_without_a_launcher_runs_a_torch_script_as_distenv_run_does
     variable RANK expected" traceback while `distenv run -- python script.py` ran it as one
     process. A real interpreter and a real gloo group: both now run it as rank 0 of 1, with the
     same variables (the port: derived from each one's process id, by the same rule)."""
-    pytest.importorskip("torch")
+    needs_torch()
     rep, p = run_py(TORCH_SCRIPT, {"DISTENV_AUTO": "1"}, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (rep["rank"], rep["size"], rep["sum"]) == (0, 1, 1.0)
@@ -441,7 +451,7 @@ def test_DISTENV_AUTO_writes_nothing_before_torch_asks():
     """Until the script's init_process_group() call, nothing is written (a Lightning Trainer that
     reads LOCAL_RANK still sees a plain process and starts its own workers), and a call that
     names its rank and world size, or the MPI backend, is left alone."""
-    pytest.importorskip("torch")
+    needs_torch()
     code = """
         import os
         import torch.distributed as dist
@@ -465,7 +475,7 @@ def test_DISTENV_AUTO_where_one_process_is_not_proven_says_what_to_do(extra):
     """Where a platform may have started other processes distenv does not see, the script's
     init_process_group() ends with one line saying what to do, not torch's traceback, and no
     variable is written."""
-    pytest.importorskip("torch")
+    needs_torch()
     rep, p = run_py(TORCH_SCRIPT, {"DISTENV_AUTO": "1", **extra}, timeout=120)
     assert p.returncode == 2 and rep is None, p.stderr[-3000:]
     lines = p.stderr.strip().splitlines()
@@ -479,7 +489,7 @@ def test_DISTENV_AUTO_in_a_multiprocessing_child_says_what_to_do():
     """A child a script spawned (torch.multiprocessing.spawn, multiprocessing) is no proof of one
     process: each would silently train alone. Its init_process_group() without a rank is one
     line, in the child."""
-    pytest.importorskip("torch")
+    needs_torch()
     code = """
         import multiprocessing as mp
 
