@@ -10,9 +10,15 @@ In a distributed launch this
    Lightning, Transformers/Accelerate, DeepSpeed, TensorFlow or JAX. A framework imported before
    ``distenv.auto`` is patched at once.
 
-Outside a distributed launch (a single process) it does nothing at all: no variable written,
-no hook installed. It never imports a framework itself; the adapters it calls are the same
-public entry points a script could call by hand (`HOOKS`).
+Outside a distributed launch (a single process) it writes no variable and patches no framework.
+One thing only, where no launcher started this process: a script's own
+``torch.distributed.init_process_group()`` with torch's env:// defaults and no ``RANK`` or
+``WORLD_SIZE`` -- torch's "environment variable RANK expected" -- gets the one-process job that
+``distenv run`` exports (``RANK=0``, ``WORLD_SIZE=1``, ``MASTER_ADDR=127.0.0.1``, a port derived
+from the process id, ...), written at that call, when one process is proven (`one_process`);
+otherwise that call raises one `DistEnvError` line saying what to do. It never imports a
+framework itself; the adapters it calls are the same public entry points a script could call by
+hand (`HOOKS`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from .errors import install_excepthook
 
 TYPE_CHECKING = False  # typing stays out of interpreter start (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from collections.abc import MutableMapping, Sequence
+    from collections.abc import Mapping, MutableMapping, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
@@ -79,6 +85,8 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     target: "MutableMapping[str, str]" = os.environ if environ is None else environ
     found = resolve(target)
     if not found.is_distributed:
+        if environ is None and found.launcher == "none" and found.launch != PER_NODE:
+            _offer_one_process(found)
         return None
     if environ is None and (found.master_addr is None or found.world_size is None):
         # MPICH/Intel MPI across nodes, or a command `distenv run` exec'ed after exchanging:
@@ -116,6 +124,135 @@ _EXPORTED_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RA
                    "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
 
 
+# -- no launcher: torch's env:// default as under `distenv run` ---------------------------------
+#: The description of a process no launcher started (None elsewhere): what a script's
+#: torch.distributed.init_process_group() gets (see the module docstring).
+single: "DistEnv | None" = None
+
+
+def one_process(environ: "Mapping[str, str]") -> "str | None":
+    """None when one process is proven (no launcher, and no platform whose framework numbers
+    its own processes: the single source's FRAMEWORK_PLATFORMS), else why it is not."""
+    from .sources.single import FRAMEWORK_PLATFORMS
+
+    for var, what in FRAMEWORK_PLATFORMS:
+        if var in environ:
+            return f"{var} is set ({what})"
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.parent_process() is not None:
+        return ("this process was started by another Python process (multiprocessing, "
+                "torch.multiprocessing.spawn), which may have started others")
+    return None
+
+
+def _offer_one_process(found: "DistEnv") -> None:
+    """Wrap torch.distributed.init_process_group once torch.distributed is imported (at once
+    if it is)."""
+    global single
+    single = found
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        _wrap_init(dist)
+    elif not any(isinstance(f, _OneProcessFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OneProcessFinder())
+
+
+def _wrap_init(dist: "ModuleType") -> None:
+    original = getattr(dist, "init_process_group", None)
+    if original is None or getattr(original, "_distenv_one_process", False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def init_process_group(*args: "Any", **kwargs: "Any") -> "Any":
+        _before_init(original, args, kwargs)
+        return original(*args, **kwargs)
+
+    init_process_group._distenv_one_process = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group  # type: ignore[attr-defined]
+
+
+def _before_init(original: "Any", args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> None:
+    """A call torch would end with "environment variable RANK expected" (env:// by default, no
+    rank or world size given or set; MPI, which numbers its own, aside): fill in the one-process
+    job, or say in one line why not. Any other call is left as it is."""
+    if single is None or "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return
+    import inspect
+
+    try:
+        call = inspect.signature(original).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return  # torch itself says what is wrong with the call
+    if call.get("store") is not None or call.get("init_method") not in (None, "env://") \
+            or call.get("rank", -1) != -1 or call.get("world_size", -1) != -1 \
+            or "mpi" in str(call.get("backend") or "").lower():
+        return
+    why_not = one_process(os.environ)
+    if why_not is not None:
+        from .errors import DistEnvError
+
+        raise DistEnvError(
+            "torch.distributed.init_process_group() needs RANK and WORLD_SIZE, no launcher set "
+            f"them, and DISTENV_AUTO cannot prove this is a single process: {why_not}. Fix: start "
+            "the processes with a launcher (torchrun, mpirun, srun, distenv run --nproc-per-node "
+            "N), or pass rank= and world_size= (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
+    from .export import variables
+
+    written = []
+    for name, value in variables(single).items():
+        if value is not None and name not in os.environ:
+            os.environ[name] = str(value)
+            exported.setdefault(name, None)
+            written.append(f"{name}={value}")
+    from .log import get_logger
+
+    get_logger(__name__).debug(
+        "no launcher: torch.distributed.init_process_group() joins a one-process job, as under "
+        "distenv run (%s)", ", ".join(written))
+
+
+class _OneProcessFinder:
+    """Finds nothing itself: for ``torch.distributed``, wraps the loader the other finders
+    return so that `_wrap_init` runs once the module's body did; then leaves sys.meta_path."""
+
+    def find_spec(self, name: str, path: "Sequence[str] | None" = None,
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
+        if name != "torch.distributed":
+            return None
+        from ._teardown import spec_from_others
+
+        spec: "ModuleSpec | None" = spec_from_others(self, name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _OneProcessLoader(spec.loader)  # type: ignore[assignment]  # a Loader by duck typing
+        return spec
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class _OneProcessLoader:
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.loader, attr)
+
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
+        create = getattr(self.loader, "create_module", None)
+        return None if create is None else create(spec)
+
+    def exec_module(self, module: "ModuleType") -> None:
+        module.__loader__ = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.loader
+        self.loader.exec_module(module)
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _OneProcessFinder)]
+        _wrap_init(module)
+
+
 def install() -> None:
     """Put the import hook first on sys.meta_path; patch frameworks already imported."""
     global _finder
@@ -130,8 +267,8 @@ def install() -> None:
 
 
 def deactivate(environ: "MutableMapping[str, str] | None" = None) -> None:
-    """Undo `activate`: remove the hook and restore the variables it exported."""
-    global _finder, env
+    """Undo `activate`: remove the hooks and restore the variables it exported."""
+    global _finder, env, single
     target: "MutableMapping[str, str]" = os.environ if environ is None else environ
     if _finder is not None:
         try:
@@ -139,6 +276,8 @@ def deactivate(environ: "MutableMapping[str, str] | None" = None) -> None:
         except ValueError:
             pass
         _finder = None
+    single = None  # a wrapped init_process_group, if any, now passes every call through
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _OneProcessFinder)]
     for name, old in exported.items():
         if old is None:
             target.pop(name, None)

@@ -4,6 +4,8 @@ show` and `distenv doctor` alike.
 * `shorten`: a value longer than `MAX_VALUE` characters (a 100 kB ``TF_CONFIG``, a job id)
   is cut to its start and its length, after redaction (so a secret is never cut in half
   into something that no longer looks like one).
+* `clip`: a doctor's finding is printed whole up to `MAX_MESSAGE` characters; a longer one
+  is cut with a pointer to where it is whole (``distenv doctor --json``).
 * `rank_label`, `parse_ranks`, `chosen`: the ``[rank 3]`` prefix and ``--ranks`` selection
   when every rank of a job runs the same command (``mpirun -np 4 distenv doctor``).
 """
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 #: Longest value shown whole; longer ones keep their first `KEEP` characters.
 MAX_VALUE = 200
 KEEP = 120
+#: Longest finding (distenv's own sentence, the values in it already cut) the doctor prints
+#: whole; a longer one is cut and says where the whole text is (`clip`).
+MAX_MESSAGE = 2000
 #: `--ranks` value: one process per node, the one with local rank 0 (a per-node launch's
 #: process stands for its node).
 PER_NODE = "per-node"
@@ -34,6 +39,13 @@ def shorten(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(shorten(v) for v in value)
     return value
+
+
+def clip(text: str, limit: int = MAX_MESSAGE, whole: str = "distenv doctor --json") -> str:
+    """`text` unchanged up to `limit` characters, else cut and saying where the whole text is."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} chars; the whole text: {whole})"
 
 
 def hosts_text(hosts: "Iterable[str]") -> str:

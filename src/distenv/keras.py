@@ -12,7 +12,8 @@ Under MultiWorkerMirroredStrategy every worker must run the same saving code (sa
 variables through collectives), but only one may write where the user asked: two workers
 writing one HDF5 file die on its lock, and two CSV loggers interleave. `callbacks()` keeps
 the user's callbacks and, on every worker but the chief, points their output at a private
-temporary directory that is removed when training ends (and at exit):
+temporary directory, a fresh one for each `fit` (`mkdtemp`: mode 0700), removed when training
+ends (and at exit):
 
 * ModelCheckpoint (`filepath`), TensorBoard (`log_dir`), CSVLogger (`filename`): the chief
   writes the user's path, other workers ``<tmp>/<same name>``;
@@ -130,28 +131,45 @@ def _multi_worker_strategy(strategy: "Any") -> bool:
 
 
 class _Scratch:
-    """One private temporary directory per process, removed at train end and at exit."""
+    """One private temporary directory per process and fit, removed at train end and at exit.
+
+    Each fit gets a fresh `tempfile.mkdtemp` (mode 0700, a name nobody else holds): the
+    directory of the fit before is never re-created by name, since after its removal anyone
+    on the machine may have created (or linked) a directory of that name in the shared
+    temporary directory. The callbacks redirected into it (`targets`) are pointed at each new
+    one."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.path: "str | None" = None
+        self.targets: "list[tuple[Any, str, str]]" = []  # (callback, attribute, file name)
+        self._exit_hook = False
 
     def make(self) -> str:
+        """The current directory; a fresh one (and the callbacks pointed at it) if none is."""
         if self.path is None:
             self.path = tempfile.mkdtemp(prefix=f"distenv-worker{self.index}-")
-            atexit.register(self.remove)
-        os.makedirs(self.path, exist_ok=True)
+            if not self._exit_hook:
+                atexit.register(self.remove)
+                self._exit_hook = True
+            for cb, attr, name in self.targets:
+                setattr(cb, attr, os.path.join(self.path, name))
         return self.path
+
+    def redirect(self, cb: "Any", attr: str, name: str) -> None:
+        self.targets.append((cb, attr, name))
+        setattr(cb, attr, os.path.join(self.make(), name))
 
     def remove(self) -> None:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
 
 
 def _redirect(cb: "Any", attr: str, scratch: _Scratch) -> None:
     original = str(getattr(cb, attr))
     name = os.path.basename(original.rstrip("/\\")) or attr
-    setattr(cb, attr, os.path.join(scratch.make(), name))
+    scratch.redirect(cb, attr, name)
 
 
 def _per_worker_backup(cb: "Any", index: int) -> None:
@@ -185,13 +203,25 @@ def _guess_flavour() -> str:
     return "keras"
 
 
-def _cleanup_callback(keras: "Any", scratch: _Scratch) -> "Any":
-    class DistenvCleanup(keras.callbacks.Callback):  # type: ignore[misc]  # Keras is Any here
-        """Re-creates the private directory before training, removes it after."""
+def _scratch_callback(keras: "Any", scratch: _Scratch) -> "Any":
+    class DistenvScratch(keras.callbacks.Callback):  # type: ignore[misc]  # Keras is Any here
+        """First in the list: gives each fit a fresh private directory. In `set_model`, which
+        `fit` calls on every callback in order before any `on_train_begin`: TensorBoard takes
+        its log directory there."""
+
+        def set_model(self, model: "Any") -> None:
+            super().set_model(model)
+            scratch.make()
 
         def on_train_begin(self, logs: "dict[str, Any] | None" = None) -> None:
-            if scratch.path is not None:
-                os.makedirs(scratch.path, exist_ok=True)
+            scratch.make()  # a caller that skipped set_model
+
+    return DistenvScratch()
+
+
+def _cleanup_callback(keras: "Any", scratch: _Scratch) -> "Any":
+    class DistenvCleanup(keras.callbacks.Callback):  # type: ignore[misc]  # Keras is Any here
+        """Last in the list: removes the private directory after training."""
 
         def on_train_end(self, logs: "dict[str, Any] | None" = None) -> None:
             scratch.remove()
@@ -246,6 +276,8 @@ def callbacks(cbs: "Iterable[Any] | None" = None, *,
         out.append(cb)
     if not chief:
         keras = _keras_module(flavour)
+        if scratch.targets:
+            out.insert(0, _scratch_callback(keras, scratch))
         out.append(_silent_progbar(keras))
         out.append(_cleanup_callback(keras, scratch))
         if quiet:

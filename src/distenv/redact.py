@@ -1,7 +1,7 @@
 """Keep secrets out of what distenv prints: `distenv doctor`, error messages, logs.
 
 A variable is secret by its *name* (``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``,
-``AZUREML_RUN_TOKEN``, ``DB_PASSWORD``, every ``AWS_*``, ...) and then its whole value is
+``AZUREML_RUN_TOKEN``, ``DB_PASSWORD``, ``SM_HP_AUTH``, every ``AWS_*``, ...) and then its whole value is
 hidden. Any other value is scrubbed of what *looks* like a secret wherever it appears:
 credentials in URLs (``https://user:pass@host``), secret query parameters (``?sig=``,
 ``token=``, ``api_key=``), ``NAME=value`` pairs whose name is secret, bearer tokens and a few
@@ -33,7 +33,8 @@ MASK = "<redacted>"
 SECRET_WORDS = frozenset({
     "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASSPHRASE",
     "PWD", "PASS", "KEY", "KEYS", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "CREDENTIAL",
-    "CREDENTIALS", "CREDS", "COOKIE", "COOKIES", "SAS", "SIGNATURE", "AUTHORIZATION", "BEARER",
+    "CREDENTIALS", "CREDS", "COOKIE", "COOKIES", "SAS", "SIGNATURE", "AUTH", "AUTHORIZATION",
+    "BEARER",
 })
 #: Name prefixes whose every variable is secret (AWS_REGION too: simpler than a list).
 SECRET_PREFIXES = ("AWS_",)
@@ -89,8 +90,9 @@ def _patterns() -> "_Patterns":
             (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)((?:hf_|ghp_|gho_|ghs_|github_pat_|glpat-|"
                         r"sk-|xox[abposr]-)[^\s@/'\"]+)@"),
              lambda m: f"{m.group(1)}{MASK}@"),
-            # ?sig=...&token=... and key=value pairs with a secret key, in URLs and text
-            (re.compile(r"(?i)(?<![a-z0-9_])(" + keys + r")(\s*[=:]\s*)(?!<redacted>)"
+            # ?sig=...&token=... and key=value pairs with a secret key, in URLs and text; the
+            # key may be quoted ("auth":"v", JSON in a variable)
+            (re.compile(r"(?i)(?<![a-z0-9_])(" + keys + r")(['\"]?\s*[=:]\s*)(?!<redacted>)"
                         r"(['\"]?)([^\s&;,'\"]+)"),
              lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}"),
             # Well-known token formats, wherever they appear.

@@ -53,6 +53,8 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     malformed or contradictory.
     """
     env = os.environ if environ is None else environ
+    if env is not os.environ:
+        env = _strings(env)
     if type(env) is not dict:
         env = _MappingView(env)  # type: ignore[assignment]  # reads like the Mapping it wraps
     if overrides:
@@ -93,6 +95,30 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
 
         record(env, r.values, r.why, r.launch == PER_NODE, (source, _platform_source(r)))
     return _build(r.values, r.why, r.notes)
+
+
+def _strings(env: "Mapping[str, Any]") -> "Mapping[str, str]":
+    """A mapping given to resolve() whose values are all strings, as an environment's are:
+    itself when they are; an int (not a bool) becomes its digits (``{"RANK": 0}`` means
+    RANK=0); any other value is refused with one line naming it."""
+    for value in env.values():
+        if not isinstance(value, str):
+            break
+    else:
+        return env
+    out: "dict[str, str]" = {}
+    for key, value in env.items():
+        if isinstance(value, str):
+            out[key] = value
+        elif value.__class__ is int:
+            out[key] = str(value)
+        else:
+            name = key if isinstance(key, str) and len(key) <= 80 else show(key)
+            raise DistEnvError(
+                f"{name}={show(repr(value))[1:-1]} ({type(value).__name__}) in the mapping given "
+                f"to resolve() is not a string, as environment values are. Fix: give it as a "
+                f"string ({name}='...'), or leave it out of the mapping.")
+    return out
 
 
 class _MappingView:
@@ -193,8 +219,11 @@ def _platform(env: "Env", r: Reading, source: "Source", forced: "str | None") ->
 
 
 # -- 4. per-node launches ----------------------------------------------------------------
-def _nproc_value(raw: str, name: str, env: "Env") -> "tuple[int, str]":
-    """A processes-per-node setting: a number, or torchrun's auto/gpu/cpu."""
+def _nproc_value(raw: str, name: str, env: "Env", fix: "str | None" = None, given: str = ""
+                 ) -> "tuple[int, str]":
+    """A processes-per-node setting: a number, or torchrun's auto/gpu/cpu. `fix`: the error's
+    fix (default: DISTENV_NPROC_PER_NODE's); `given`: where the value came from, for errors."""
+    fix = NPROC_FIX if fix is None else fix
     text = raw.strip().lower()
     if text in ("auto", "gpu", "cpu"):
         from .gpus import visible_gpus
@@ -202,22 +231,42 @@ def _nproc_value(raw: str, name: str, env: "Env") -> "tuple[int, str]":
         gpus, why = visible_gpus(env)
         if text == "cpu" or (text == "auto" and gpus == 0):
             if text == "gpu":
-                raise DistEnvError(f"{name}=gpu but {_no_gpu(why)}. Fix: {NPROC_FIX}")
+                raise DistEnvError(f"{name}=gpu{given} but {_no_gpu(why)}. Fix: {fix}")
             count = os.cpu_count() or 1
             return count, f"{name}={raw} ({count} CPU cores)"
         if gpus == 0:
-            raise DistEnvError(f"{name}={raw} but {_no_gpu(why)}. Fix: {NPROC_FIX}")
+            raise DistEnvError(f"{name}={raw}{given} but {_no_gpu(why)}. Fix: {fix}")
         return gpus, f"{name}={raw} ({why})"
     if not (len(text) <= 12 and text.isascii() and text.isdigit() and 1 <= int(text) < MAX_COUNT):
-        raise DistEnvError(f"{name}={show(raw)} is not a number of workers per node. "
-                           f"Fix: {NPROC_FIX}")
+        raise DistEnvError(f"{name}={show(raw)}{given} is not a number of workers per node. "
+                           f"Fix: {fix}")
     return int(text), f"{name}={raw}"
+
+
+def _nproc_override(value: object, env: "Env") -> "tuple[int, str]":
+    """resolve(nproc_per_node=...): a whole number from 1, or what DISTENV_NPROC_PER_NODE
+    takes ("4", auto, gpu, cpu), checked as that variable is; anything else (2.5, -3, True,
+    "x") is one DistEnvError, never truncated nor ignored."""
+    if isinstance(value, str):
+        count, why = _nproc_value(value, "nproc_per_node", env, fix=NPROC_ARG_FIX,
+                                  given=" (given to resolve())")
+        return count, f"{why} (given to resolve())"
+    if value.__class__ is int and 1 <= value < MAX_COUNT:
+        return value, "given to resolve()"
+    raise DistEnvError(f"nproc_per_node={show(repr(value))} (given to resolve()) is not a number of "
+                       f"workers per node. Fix: {NPROC_ARG_FIX}")
 
 
 #: The valid values of DISTENV_NPROC_PER_NODE (and resolve(nproc_per_node=...)).
 NPROC_FIX = ("give DISTENV_NPROC_PER_NODE a positive number of workers per node, auto (one per "
              "visible GPU, else one per CPU core), gpu (one per visible GPU) or cpu (one per CPU "
              "core), or unset it.")
+
+
+#: The valid values of resolve(nproc_per_node=...).
+NPROC_ARG_FIX = ("give resolve() nproc_per_node= a whole number from 1, or 'auto' (one per visible "
+                 "GPU, else one per CPU core), 'gpu' (one per visible GPU) or 'cpu' (one per CPU "
+                 "core), or leave it out.")
 
 
 def _no_gpu(why: str) -> str:
@@ -227,7 +276,7 @@ def _no_gpu(why: str) -> str:
 
 def _wanted(env: "Env", override: "int | str | None") -> "tuple[int, str] | tuple[None, None]":
     if override is not None:
-        return int(override), "given to resolve()"
+        return _nproc_override(override, env)
     raw = env.get("DISTENV_NPROC_PER_NODE")
     if raw is not None and raw.strip():
         return _nproc_value(raw, "DISTENV_NPROC_PER_NODE", env)
@@ -479,13 +528,30 @@ def _check_invariants(r: Reading) -> None:
     if hosts is not None and nodes is not None and len(hosts) != nodes:
         _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
     addr = get("master_addr")
-    if addr is not None and not _is_host(addr):
-        _bad(f"master_addr={show(addr)} ({why.get('master_addr')}) is not a host name or address.")
+    if addr is not None:
+        problem = host_problem(addr, why.get("master_addr"))
+        if problem:
+            _bad(problem)
 
 
-def _is_host(addr: str) -> bool:
-    """A host name, IPv4 or IPv6 address: no URL, no user@, no port, no space."""
+def host_problem(addr: object, why: object) -> "str | None":
+    """What is wrong with a master address (`why`: where it came from), or None for a host
+    name, IPv4 or IPv6 address. Every place that reads one (the resolver; `distenv run`, which
+    puts it on torchrun's command line) asks this."""
+    if _is_host(addr):
+        return None
+    text = f"master_addr={show(addr)} ({why}) is not a host name or address"
+    if isinstance(addr, str) and addr.startswith("-"):
+        text += " (it starts with '-': a command such as torchrun would take it for an option)"
+    return text + "."
+
+
+def _is_host(addr: object) -> bool:
+    """A host name, IPv4 or IPv6 address: no URL, no user@, no port, no space, no leading '-'
+    (no host name starts with one, RFC 952/1123; on a command line it would be an option)."""
     if type(addr) is not str or not addr or not addr.isprintable() or len(addr) > 255:
+        return False
+    if addr.startswith("-"):
         return False
     if any(c in addr for c in " /@?#"):
         return False

@@ -314,6 +314,15 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             "inherit that binding: they will share it. Fix: let the launcher bind nothing "
             "(mpirun --bind-to none, or --map-by ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
     run_id = env.job_id or f"distenv-{env.master_port}"
+    from .resolver import host_problem
+
+    # The address goes on torchrun's command line: one that starts with '-' would be read as
+    # an option there. The resolver refuses it; one the launcher's service gave (discovery)
+    # is checked here again.
+    problem = host_problem(env.master_addr, env.provenance.get("master_addr", "unknown"))
+    if problem:
+        raise DistEnvError(f"{problem} Fix: set MASTER_ADDR to rank 0's host name or address "
+                           "on every node.")
     host = str(env.master_addr)
     if ":" in host and not host.startswith("["):  # an IPv6 address: torchrun's host:port needs [..]
         host = f"[{host}]"

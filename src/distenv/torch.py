@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 DEFAULT_RENDEZVOUS_TIMEOUT = knobs.DEFAULT_TIMEOUT
 
 _device = None  # set by init_process_group
+#: (description, default group) of the group init_process_group started last.
+_started: "tuple[DistEnv, Any] | None" = None
 
 
 class RendezvousError(RuntimeError):
@@ -138,11 +140,17 @@ def init_process_group(backend: "str | None" = None,
     Other keyword arguments go to `torch.distributed.init_process_group` (pg_options,
     device_id, ...). Raises `DistEnvError` for a launch that cannot start a process group
     (per-node, incomplete) and `RendezvousError` when ranks do not all join in time.
+
+    Called while the default group is up (a second call; a group the script started), it
+    starts nothing and returns the description when the group is this launch's (same rank
+    and world size, and `backend` if given); otherwise it raises `DistEnvError`.
     """
-    global _device
+    global _device, _started
     import torch
     import torch.distributed as dist
 
+    if dist.is_available() and dist.is_initialized():
+        return _already_up(dist, backend)
     env = resolve()
     if env.launch == PER_NODE:
         raise DistEnvError(per_node_message(env))
@@ -184,9 +192,35 @@ def init_process_group(backend: "str | None" = None,
         kwargs["store"] = dist.PrefixStore(
             f"distenv/pg/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')}/{_generation}/", store)
     dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size, **kwargs)
+    _started = (env, dist.group.WORLD)
     from . import _teardown
 
     _teardown.register()  # an orderly end at exit (torch's gloo threads can abort it otherwise)
+    return env
+
+
+def _already_up(dist: Any, backend: "str | None") -> DistEnv:
+    """A call while the default process group is up (a second call, or a group the script or
+    a framework started): a no-op returning the launch's description when the group is this
+    launch's (same rank and world size, and `backend` if given), else one DistEnvError."""
+    env = _started[0] if _started is not None and _started[1] is dist.group.WORLD else resolve()
+    rank, size, current = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    asked = []
+    if (env.rank, env.world_size) != (rank, size):
+        asked.append(f"rank {env.rank} of {env.world_size} ({env.launcher})")
+    if backend and str(backend).lower() != current.lower():
+        asked.append(f"backend {backend!r}")
+    if asked:
+        raise DistEnvError(
+            f"init_process_group() was called while the default process group is already up as "
+            f"rank {rank} of {size} with backend {current!r}, which does not match "
+            f"{' and '.join(asked)}. Fix: call init_process_group() once, or end the group first "
+            "(distenv.torch.destroy_process_group()) to start another.")
+    from .log import get_logger
+
+    get_logger(__name__).debug(
+        "init_process_group(): the default process group is already up (rank %d of %d, %s): "
+        "nothing to do", rank, size, current)
     return env
 
 

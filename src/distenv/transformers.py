@@ -281,7 +281,7 @@ def _make_callback_class() -> Any:
                 return
             self.done = True
             line = describe(args)
-            log.warning(line)
+            log.info(line)  # the launch as it should be: information, not a warning
             if self.stdout:
                 print(line, flush=True)
 

@@ -207,6 +207,46 @@ def test_root_is_handled_the_same_on_every_page():
     assert not bad, "\n".join(bad)
 
 
+def commands(code: str):
+    """[(command, comment)] of a shell block: continuation lines joined, whitespace collapsed,
+    comment lines and `export` lines left out."""
+    out, parts = [], []
+    for raw in code.split("\n"):
+        line = raw.strip()
+        if not parts and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            parts.append(line[:-1])
+            continue
+        parts.append(line)
+        text = " ".join(parts)
+        parts = []
+        cmd, _, comment = text.partition(" #")
+        cmd = " ".join(cmd.split())
+        if cmd and not cmd.startswith("export "):
+            out.append((cmd, comment.strip()))
+    return out
+
+
+def test_zero_code_forms_run_here_or_say_what_they_need():
+    """docs/zero-code.md (issue 30, item 13): a new user ran its `distenv run` block on one
+    2-core machine and nothing worked (4 slots, --map-by ppr:1:node over 2 nodes, an undefined
+    train.py). Every command of its unmarked shell blocks now either runs as written in one of
+    its runnable blocks (test_runnable_block runs them) or says in its comment what it needs."""
+    path = os.path.join(ROOT, "docs", "zero-code.md")
+    runnable = {cmd for _, code, _ in runnable_blocks(path) for cmd, _ in commands(code)}
+    bad = []
+    for line, info, code in fenced_blocks(path):
+        if MARK.match(info) or not re.match(r"(sh|bash|shell)\b", info):
+            continue
+        for cmd, comment in commands(code):
+            if cmd not in runnable and not re.search(r"\bneeds\b", comment):
+                bad.append(f"docs/zero-code.md:{line}: `{cmd}` is in no runnable block and its "
+                           "comment does not say what it needs (# ... needs ...)")
+    assert not bad, "\n".join(bad)
+    assert any("--map-by ppr:1:node" in cmd for cmd in runnable), "the per-node form, on one machine"
+
+
 def test_a_failing_block_fails(tmp_path):
     """The runner reports a failing command anywhere in a block, not only the last one."""
     doc = tmp_path / "x.md"

@@ -40,6 +40,7 @@ SECRET_VARS = {
     "AZ_BATCH_AUTHENTICATION_TOKEN": "batch-auth-planted6",
     "DB_PASSWORD": "db-password-planted7",
     "GITHUB_TOKEN": "ghp_planted8planted8planted8planted8pl",
+    "SM_HP_AUTH": "sm-hp-auth-planted9",  # shown by doctor (a SageMaker variable); AUTH is secret
 }
 
 #: (variable distenv reads, bad value with a secret inside, the secret). Each is planted on

@@ -389,3 +389,136 @@ def test_a_source_names_the_adapters_that_act_on_its_launch(fake, launch, acting
     else:
         assert exported == {}, exported
         assert rep["skipped"] == ["fakeadapters.lightning:patch", "fakeadapters.transformers:patch"]
+
+
+# -- no launcher: a torch script runs as under `distenv run` (issue 30, item 14) -----------------
+TORCH_SCRIPT = """
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    import torch
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    report(rank=dist.get_rank(), size=dist.get_world_size(), sum=t.item())
+    dist.destroy_process_group()
+"""
+
+
+def needs_torch():
+    """Skip without torch, without importing it here: the tests run it in subprocesses, and an
+    import in this process changes what later tests see (tests/unit/test_tensorflow_patch.py::
+    test_each_local_process_gets_its_gpus fails once torch is imported)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed for this interpreter")
+
+
+def _clean(extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI", "SLURM_", "DISTENV_", "TORCHELASTIC_", "KUBERNETES_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "PYTHONPATH")}
+    return {**env, "PYTHONPATH": SRC, **extra}
+
+
+@needs_pth
+def test_DISTENV_AUTO_without_a_launcher_runs_a_torch_script_as_distenv_run_does():
+    """`DISTENV_AUTO=1 python script.py` with no launcher ended in torch's "environment
+    variable RANK expected" traceback while `distenv run -- python script.py` ran it as one
+    process. A real interpreter and a real gloo group: both now run it as rank 0 of 1, with the
+    same variables (the port: derived from each one's process id, by the same rule)."""
+    needs_torch()
+    rep, p = run_py(TORCH_SCRIPT, {"DISTENV_AUTO": "1"}, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (rep["rank"], rep["size"], rep["sum"]) == (0, 1, 1.0)
+    assert "RANK expected" not in p.stderr
+    code = REPORT + textwrap.dedent(TORCH_SCRIPT)
+    q = subprocess.run(["timeout", "-k", "5", "120", sys.executable, "-m", "distenv", "run", "--",
+                        sys.executable, "-c", code], env=_clean({}), capture_output=True, text=True,
+                       timeout=130)
+    assert q.returncode == 0, q.stderr[-3000:]
+    run_rep = json.loads(next(line for line in q.stdout.splitlines() if line.startswith("REPORT "))[7:])
+    assert (run_rep["rank"], run_rep["size"], run_rep["sum"]) == (0, 1, 1.0)
+    same = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "NODE_RANK")
+    assert {k: rep["vars"][k] for k in same} == {k: run_rep["vars"][k] for k in same} == {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1", "NODE_RANK": "0"}
+    assert rep["vars"]["MASTER_PORT"] and run_rep["vars"]["MASTER_PORT"]
+
+
+@needs_pth
+def test_DISTENV_AUTO_writes_nothing_before_torch_asks():
+    """Until the script's init_process_group() call, nothing is written (a Lightning Trainer that
+    reads LOCAL_RANK still sees a plain process and starts its own workers), and a call that
+    names its rank and world size, or the MPI backend, is left alone."""
+    needs_torch()
+    code = """
+        import os
+        import torch.distributed as dist
+        before = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", "0"
+        store = dist.HashStore()
+        dist.init_process_group("gloo", rank=0, world_size=1, store=store)
+        dist.destroy_process_group()
+        report(before=before)
+    """
+    rep, p = run_py(code, {"DISTENV_AUTO": "1"}, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert rep["before"] == {"RANK": None, "LOCAL_RANK": None, "WORLD_SIZE": None, "MASTER_PORT": None}
+    assert rep["vars"]["RANK"] is None and rep["vars"]["WORLD_SIZE"] is None
+
+
+@needs_pth
+@pytest.mark.parametrize("extra", [{"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, {"PJRT_DEVICE": "TPU"}],
+                         ids=["kubernetes", "torch-xla"])
+def test_DISTENV_AUTO_where_one_process_is_not_proven_says_what_to_do(extra):
+    """Where a platform may have started other processes distenv does not see, the script's
+    init_process_group() ends with one line saying what to do, not torch's traceback, and no
+    variable is written."""
+    needs_torch()
+    rep, p = run_py(TORCH_SCRIPT, {"DISTENV_AUTO": "1", **extra}, timeout=120)
+    assert p.returncode == 2 and rep is None, p.stderr[-3000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distenv: error: torch.distributed."
+                                                   "init_process_group() needs RANK and WORLD_SIZE"), p.stderr
+    assert f"{next(iter(extra))} is set" in lines[0] and "Fix: start the processes with a launcher" in lines[0]
+
+
+@needs_pth
+def test_DISTENV_AUTO_in_a_multiprocessing_child_says_what_to_do():
+    """A child a script spawned (torch.multiprocessing.spawn, multiprocessing) is no proof of one
+    process: each would silently train alone. Its init_process_group() without a rank is one
+    line, in the child."""
+    needs_torch()
+    code = """
+        import multiprocessing as mp
+
+        def child(q):
+            import torch.distributed as dist
+            try:
+                dist.init_process_group("gloo")
+                q.put("joined")
+            except Exception as exc:
+                q.put(type(exc).__name__ + ": " + str(exc))
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(q,))
+            p.start()
+            said = q.get(timeout=100)
+            p.join(100)
+            report(said=said)
+    """
+    script = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"distenv-mp-child-{os.getpid()}.py")
+    with open(script, "w") as f:
+        f.write(REPORT + textwrap.dedent(code))
+    try:
+        p = subprocess.run(["timeout", "-k", "5", "150", sys.executable, script], env=_clean({"DISTENV_AUTO": "1"}),
+                           capture_output=True, text=True, timeout=160)
+    finally:
+        os.remove(script)
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = json.loads(next(line for line in p.stdout.splitlines() if line.startswith("REPORT "))[7:])["said"]
+    assert said.startswith("DistEnvError: torch.distributed.init_process_group() needs RANK") and \
+        "started by another Python process" in said, said

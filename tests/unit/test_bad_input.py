@@ -71,3 +71,67 @@ def test_export_refuses_to_clobber_and_can_overwrite():
     assert target == {"LOCAL_RANK": "1", "NODE_RANK": "5"}
     written = env.export(target, overwrite=True)
     assert target["NODE_RANK"] == "0" and written["RANK"] == "1"
+
+
+# -- the edges of resolve() (issue 30, item 7) -------------------------------------------------
+NPROC_ARG_FIX = ("Fix: give resolve() nproc_per_node= a whole number from 1, or 'auto' (one per "
+                 "visible GPU, else one per CPU core), 'gpu' (one per visible GPU) or 'cpu' (one "
+                 "per CPU core), or leave it out.")
+
+
+@pytest.mark.parametrize("value", ["x", 2.5, -3, 0, True, "0", "2.5", "-3"])
+@pytest.mark.parametrize("launch", [{}, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}],
+                         ids=["no-launcher", "openmpi"])
+def test_nproc_per_node_given_to_resolve_is_checked_as_the_variable_is(value, launch, no_gpus):
+    """A raw ValueError ('x'), a silent truncation (2.5 -> 2 workers) or a silent no-op (-3)
+    before: now one DistEnvError naming the value and the valid ones."""
+    with pytest.raises(DistEnvError) as err:
+        resolve(launch, nproc_per_node=value)
+    text = str(err.value)
+    assert text.startswith("nproc_per_node=") and "(given to resolve())" in text, text
+    assert text.endswith(NPROC_ARG_FIX) and "\n" not in text, text
+
+
+@pytest.mark.parametrize("value, nproc", [(4, 4), ("4", 4), (" 3 ", 3), ("cpu", None), ("auto", None)])
+def test_good_nproc_per_node_given_to_resolve(value, nproc, no_gpus):
+    import os
+
+    env = resolve({}, nproc_per_node=value)
+    assert env.launch == "per-node" and env.nproc_per_node == (nproc or os.cpu_count())
+    assert "given to resolve()" in env.provenance["nproc_per_node"]
+
+
+def test_nproc_per_node_gpu_without_a_gpu_says_so_with_the_arguments_fix(no_gpus):
+    with pytest.raises(DistEnvError) as err:
+        resolve({}, nproc_per_node="gpu")
+    assert str(err.value).startswith("nproc_per_node=gpu (given to resolve()) but no GPU")
+    assert str(err.value).endswith(NPROC_ARG_FIX)
+
+
+def test_an_int_in_the_mapping_is_read_as_its_digits():
+    """{"RANK": 0} raised AttributeError ('int' object has no attribute 'isdigit')."""
+    env = resolve({"RANK": 1, "WORLD_SIZE": 2, "MASTER_ADDR": "h", "MASTER_PORT": 29511})
+    assert (env.rank, env.world_size, env.master_port) == (1, 2, 29511)
+    assert resolve({"OMPI_COMM_WORLD_RANK": 0, "OMPI_COMM_WORLD_SIZE": "2"}).world_size == 2
+    with pytest.raises(DistEnvError, match=r"RANK='-1' .*is not an integer from 0"):
+        resolve({"RANK": -1, "WORLD_SIZE": 2})
+
+
+@pytest.mark.parametrize("value", [None, 1.0, True, b"0", ["0"]])
+def test_any_other_value_in_the_mapping_is_one_line(value):
+    with pytest.raises(DistEnvError) as err:
+        resolve({"RANK": value, "WORLD_SIZE": "2"})
+    text = str(err.value)
+    assert text.startswith(f"RANK={value!r} ({type(value).__name__}) in the mapping given to "
+                           "resolve() is not a string"), text
+    assert "Fix: give it as a string (RANK='...')" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("addr", ["-oProxyCommand=x", "--master-port=1", "-"])
+def test_a_master_address_starting_with_a_dash_is_refused(addr):
+    """It was accepted as a host and reached torchrun's command line as an option."""
+    with pytest.raises(DistEnvError) as err:
+        resolve({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": addr, "MASTER_PORT": "29500"})
+    assert f"master_addr={addr!r}" in str(err.value) and "starts with '-'" in str(err.value)
+    with pytest.raises(DistEnvError, match="starts with '-'"):
+        resolve({"RANK": "0", "WORLD_SIZE": "2"}, master_addr=addr)

@@ -45,6 +45,7 @@ SECRET_VARS = {
     "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp-credentials-file.json",
     "MLFLOW_TRACKING_PASSWORD": "mlflow-pw-31337",
     "SM_HP_DB_PASSWD": "passwd-value-123",
+    "SM_HP_AUTH": "sm-hp-auth-value-31",  # AUTH: a secret word (issue 30, item 8)
 }
 # Secrets inside values of variables that are not secret by name (URLs, JSON, tokens).
 SECRET_IN_VALUES = {
@@ -58,6 +59,12 @@ SECRET_IN_VALUES = {
     "TORCH_DISTRIBUTED_INIT": ("Authorization: Bearer bearer-token-value-xyz", "bearer-token-value-xyz"),
     "SM_HP_NOTE": ("ghp_plantedgithubtoken000000000000000", "ghp_plantedgithubtoken000000000000000"),
     "SM_HP_JWT": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJwbGFudGVkIn0.c2lnbmF0dXJl", "eyJzdWIiOiJwbGFudGVkIn0"),
+    # issue 30, item 8: a JSON key ending in _auth; compact JSON ("key":"value", no space), where
+    # the key's closing quote stood between the key and the ':' the pattern expected
+    "SM_HPS": (json.dumps({"hf_auth": "json-hf-auth-32", "lr": 0.1}), "json-hf-auth-32"),
+    "SM_USER_ARGS": (json.dumps({"auth": "json-auth-33", "epochs": 1}, separators=(",", ":")),
+                     "json-auth-33"),
+    "SM_INPUT_DATA_CONFIG": ('{"train":{"sig":"json-sig-34","mode":"File"}}', "json-sig-34"),
 }
 NOT_SECRET = ("OMPI_COMM_WORLD_RANK", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "NCCL_IB_DISABLE",
               "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "SSH_AUTH_SOCK", "KEYTIMEOUT", "MONKEY_BUSINESS",
@@ -143,6 +150,18 @@ def test_secrets_inside_values_are_scrubbed(name):
     shown = redact_value(name, value)
     assert secret not in shown and MASK in shown
     assert secret not in redact_text(f"{name}={value!r} is wrong")
+
+
+def test_auth_in_sagemakers_training_env_is_redacted_and_the_rest_kept():
+    """Issue 30, item 8: SM_TRAINING_ENV (JSON, compact or not) with an "auth" key and a
+    hyperparameter "hf_auth": both values masked, every other key and value kept."""
+    for separators in ((", ", ": "), (",", ":")):
+        value = json.dumps({"hyperparameters": {"hf_auth": "hf-auth-35", "lr": 0.1},
+                            "auth": "auth-36", "current_host": "algo-1"}, separators=separators)
+        shown = redact_value("SM_TRAINING_ENV", value)
+        assert "hf-auth-35" not in shown and "auth-36" not in shown, shown
+        assert json.loads(shown) == {"hyperparameters": {"hf_auth": MASK, "lr": 0.1},
+                                     "auth": MASK, "current_host": "algo-1"}, shown
 
 
 def test_scrub_keeps_the_rest_of_the_value():
@@ -365,3 +384,23 @@ def test_doctor_names_the_only_adapters_acting_on_a_tpu_pod(machine):
     assert any("only distenv's jax adapter" in m for m in launch), launch
     plain = doctor.diagnose({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, probe=False)
     assert not any("only distenv's" in f["message"] for f in plain["findings"])
+
+
+# -- long findings (issue 30, item 12) -------------------------------------------------------------
+def test_a_finding_is_printed_whole_or_says_where_it_is_whole(machine):
+    """The no-launcher launch finding (316 characters) was cut at 120 with '... (316 chars)'
+    and no way to read the rest; now findings print whole, and one longer than the limit says
+    where the whole text is (the JSON report holds it)."""
+    report = doctor.diagnose({}, probe=False)
+    launch = next(f for f in findings(report, "launch") if f["level"] == "info")
+    assert len(launch["message"]) > 200  # what was cut
+    text = doctor.render(report)
+    assert f"[info] launch: {launch['message']}\n" in text
+    assert "chars)" not in text
+    long = {**report, "findings": [{"level": "warning", "topic": "launch", "message": "w" * 2500,
+                                    "fix": "f" * 2100}]}
+    text = doctor.render(long)
+    assert "  [warning] launch: " + "w" * 2000 + "... (2500 chars; the whole text: distenv doctor --json)" in text
+    assert "      fix: " + "f" * 2000 + "... (2100 chars; the whole text: distenv doctor --json)" in text
+    line = doctor.summary(long)
+    assert "w" * 200 + "... (2500 chars; the whole text: distenv doctor)" in line and "\n" not in line

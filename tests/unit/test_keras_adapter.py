@@ -34,7 +34,10 @@ def fake_keras(monkeypatch):
         cls.__module__ = "keras.src.callbacks"
         return cls
 
-    Callback = make("Callback")
+    def set_model(self, model):  # Keras: fit() calls it on every callback, in order, first
+        self.model = model
+
+    Callback = make("Callback", set_model=set_model)
     cbs.Callback = Callback
 
     def progbar_set_params(self, params):
@@ -96,23 +99,73 @@ def test_other_workers_write_private_paths_that_are_removed(fake_keras, tmp_path
     out = str(tmp_path / "out")
     cbs = dk.callbacks(user_callbacks(fake_keras, out), env=distenv.resolve(recorded("openmpi4-np2", 1)))
     names = [type(c).__name__ for c in cbs]
-    assert names[-2:] == ["SilentProgbarLogger", "DistenvCleanup"]
-    private = os.path.dirname(cbs[0].filepath)
+    assert names[0] == "DistenvScratch" and names[-2:] == ["SilentProgbarLogger", "DistenvCleanup"]
+    private = os.path.dirname(cbs[1].filepath)
     assert private.startswith(str(tmp_path / "tmp")) and "distenv-worker1-" in private
-    assert cbs[0].filepath == os.path.join(private, "model.keras")
-    assert cbs[1].log_dir == os.path.join(private, "tb")
-    assert cbs[2].filename == os.path.join(private, "log.csv")
-    assert cbs[3].backup_dir == os.path.join(out, "backup", "worker-1")
-    assert cbs[3]._prev_weights_path.endswith(os.path.join("worker-1", "latest.weights.h5.bkp"))
+    assert cbs[1].filepath == os.path.join(private, "model.keras")
+    assert cbs[2].log_dir == os.path.join(private, "tb")
+    assert cbs[3].filename == os.path.join(private, "log.csv")
+    assert cbs[4].backup_dir == os.path.join(out, "backup", "worker-1")
+    assert cbs[4]._prev_weights_path.endswith(os.path.join("worker-1", "latest.weights.h5.bkp"))
     assert os.path.isdir(private)
     bar = cbs[-2]
     bar.set_params({"verbose": 1})
     assert bar.verbose == 0
+    fit_begins(cbs)  # the first fit keeps the directory made with the callbacks
+    assert os.path.dirname(cbs[1].filepath) == private
     cbs[-1].on_train_end()
     assert not os.path.exists(private)
-    cbs[-1].on_train_begin()  # a second fit() gets its directory back
-    assert os.path.isdir(private)
+    fit_begins(cbs)  # a second fit() gets a directory again
+    again = os.path.dirname(cbs[1].filepath)
+    assert os.path.isdir(again) and cbs[2].log_dir == os.path.join(again, "tb")
     cbs[-1].on_train_end()
+    assert not os.path.exists(again)
+
+
+def fit_begins(cbs, model=None):
+    """What Keras' fit() does with the callbacks before the first batch: set_model on each,
+    in order (TensorBoard takes its log directory there), then on_train_begin on each."""
+    for cb in cbs:
+        if hasattr(cb, "set_model"):
+            cb.set_model(model)
+    for cb in cbs:
+        if hasattr(cb, "on_train_begin"):
+            cb.on_train_begin()
+
+
+def test_each_fit_gets_a_fresh_private_directory_never_the_old_name(fake_keras, tmp_path, monkeypatch):
+    """Issue 30, item 3: the directory of the fit before, once removed, is a free name in the
+    shared temporary directory. Whoever creates it first (another user: a directory of theirs,
+    mode 0777, or a symlink) must not receive the next fit's checkpoints and logs: the next fit
+    gets a fresh mkdtemp directory, mode 0700, owned by this user."""
+    import stat
+    import tempfile
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    cbs = dk.callbacks(user_callbacks(fake_keras, str(tmp_path / "out")),
+                       env=distenv.resolve(recorded("openmpi4-np2", 1)))
+    ckpt = next(c for c in cbs if type(c).__name__ == "ModelCheckpoint")
+    fit_begins(cbs)
+    first = os.path.dirname(ckpt.filepath)
+    cbs[-1].on_train_end()
+    assert not os.path.exists(first)
+    os.mkdir(first)  # taken by someone else between the fits
+    os.chmod(first, 0o777)
+    fit_begins(cbs)
+    second = os.path.dirname(ckpt.filepath)
+    assert second != first and os.path.dirname(second) == str(shared)
+    info = os.lstat(second)
+    assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700
+    assert info.st_uid == os.getuid()
+    for cb in cbs:
+        for attr in ("filepath", "log_dir", "filename"):
+            if type(cb).__name__ != "BackupAndRestore" and getattr(cb, attr, None):
+                assert os.path.dirname(getattr(cb, attr)) == second, (type(cb).__name__, attr)
+    assert os.listdir(first) == []  # nothing written into the taken name
+    cbs[-1].on_train_end()
+    assert not os.path.exists(second)
 
 
 def test_a_single_worker_keeps_everything(fake_keras, tmp_path):
@@ -247,16 +300,30 @@ for flavour, mod in (("tf_keras", tf_keras), ("keras", keras)):
         cbs = dk.callbacks([c.ModelCheckpoint(ckpt), c.CSVLogger(os.path.join(out, "log.csv")),
                             c.TensorBoard(os.path.join(out, "tb")), c.BackupAndRestore(os.path.join(out, "backup"))],
                            env=env)
-        private = os.path.dirname(cbs[0].filepath)
+        ckpt_cb = next(cb for cb in cbs if type(cb).__name__ == "ModelCheckpoint")
+        private = os.path.dirname(ckpt_cb.filepath)
         model = mod.Sequential([mod.layers.Input((3,)), mod.layers.Dense(1)])
         model.compile("sgd", "mse")
         x = np.ones((8, 3), "float32")
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             model.fit(x, x[:, :1], epochs=2, batch_size=4, callbacks=cbs, verbose=1)
+        private_left = os.path.exists(private)
+        second = taken = None
+        if role == "worker":
+            # a second fit with the same callbacks, the first fit's directory name taken meanwhile
+            os.makedirs(private)
+            with contextlib.redirect_stdout(printed):
+                model.fit(x, x[:, :1], epochs=1, batch_size=4, callbacks=cbs, verbose=1)
+            second = os.path.dirname(ckpt_cb.filepath)
+            # (distenv removing it at the fit's end would mean it trained into it too)
+            taken = sorted(os.listdir(private)) if os.path.isdir(private) else "removed"
+            if os.path.isdir(private):
+                os.rmdir(private)
         files = sorted(os.path.relpath(p, out) for p in glob.glob(out + "/**", recursive=True) if os.path.isfile(p))
         print("REAL " + json.dumps({"flavour": flavour, "role": role, "private": private,
-                                    "private_left": os.path.exists(private), "tmp_left": os.listdir(tmp),
+                                    "private_left": private_left, "tmp_left": os.listdir(tmp),
+                                    "second": second, "taken": taken,
                                     "files": files, "printed": printed.getvalue()[-2000:]}), flush=True)
 """
 
@@ -296,5 +363,8 @@ def test_real_keras_callbacks(real_keras, flavour, role):
         assert not any(f.startswith("tb" + os.sep) for f in res["files"])
         # ... its private directory is gone, and it printed no progress bar
         assert not res["private_left"] and res["tmp_left"] == [] and res["printed"] == ""
+        # a second fit writes into a fresh directory, never into the first one's name, which
+        # anyone could have taken after its removal (issue 30, item 3)
+        assert res["second"] != res["private"] and res["taken"] == []
     # BackupAndRestore: a directory per worker (no multi-worker strategy here)
     assert not [f for f in res["files"] if f.startswith("backup" + os.sep) and "worker-" not in f]

@@ -462,3 +462,20 @@ def test_onprem_two_nodes_started_by_hand_all_reduce(tmp_path):
     assert [(r["vars"]["RANK"], r["vars"]["LOCAL_RANK"], r["vars"]["NODE_RANK"]) for r in recs] == \
         [("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
     assert all(r["dist"]["sum"] == 1 + 2 + 3 + 4 and r["vars"]["WORLD_SIZE"] == "4" for r in recs), recs  # rank + 1 each
+
+
+def test_plan_never_puts_a_dash_address_on_torchruns_command_line(no_gpus, monkeypatch):
+    """MASTER_ADDR=-oProxyCommand=x reached torchrun's argv after --master-addr (issue 30,
+    item 7): the resolver refuses it, and an address from elsewhere (the launcher's service,
+    through discovery) is checked again where the command line is built."""
+    monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
+    with pytest.raises(DistEnvError, match="starts with '-'"):
+        run.plan(["--nproc-per-node", "2", "python", "t.py"], {"MASTER_ADDR": "-oProxyCommand=x"})
+    import distenv.resolver
+
+    real = distenv.resolver.resolve
+    monkeypatch.setattr(distenv.resolver, "resolve",
+                        lambda environ: real(environ).replace(master_addr="-oProxyCommand=x"))
+    with pytest.raises(DistEnvError) as err:
+        run.plan(["--nproc-per-node", "2", "python", "t.py"], OMPI_PPR1)
+    assert "master_addr='-oProxyCommand=x'" in str(err.value) and "Fix: set MASTER_ADDR" in str(err.value)

@@ -211,3 +211,55 @@ def test_rank_without_rank_0_fails_after_the_timeout(clean_launch, torch_dist):
     assert time.monotonic() - t0 < 30
     assert "rank 1 could not reach rank 0's store at 127.0.0.1" in str(err.value)
     assert "DISTENV_TIMEOUT" in str(err.value)
+
+
+def test_a_second_call_is_a_no_op_returning_the_same_description(clean_launch, torch_dist, caplog):
+    """Issue 30, item 11: a second init_process_group() ended every rank with ~15 lines of
+    torch's traceback ("trying to initialize the default process group twice!"). A real gloo
+    group of one process (MASTER_ADDR=127.0.0.1, a free port)."""
+    import logging
+
+    import distenv.torch
+
+    torch = torch_dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    clean_launch.setenv("MASTER_ADDR", "127.0.0.1")
+    clean_launch.setenv("MASTER_PORT", str(port))
+    env = distenv.torch.init_process_group()
+    group = torch.distributed.group.WORLD
+    with caplog.at_level(logging.DEBUG, logger="distenv"):
+        assert distenv.torch.init_process_group() is env
+        assert distenv.torch.init_process_group("gloo") is env
+    assert "already up (rank 0 of 1, gloo)" in caplog.text
+    assert torch.distributed.group.WORLD is group  # the same group, untouched
+    t = torch.ones(2)
+    torch.distributed.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0]
+    # a call that asks for something else is one line, and the group stays
+    with pytest.raises(DistEnvError) as err:
+        distenv.torch.init_process_group("mpi")
+    text = str(err.value)
+    assert "already up as rank 0 of 1 with backend 'gloo'" in text and "backend 'mpi'" in text
+    assert "Fix: " in text and "\n" not in text
+    assert torch.distributed.is_initialized() and torch.distributed.group.WORLD is group
+
+
+def test_a_group_the_script_started_is_checked_against_the_launch(clean_launch, torch_dist):
+    """A group started outside distenv: returned as the launch's when rank and world size
+    agree; a different launch is one line, not torch's traceback."""
+    import distenv.torch
+
+    torch = torch_dist
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=store)
+    env = distenv.torch.init_process_group()
+    assert (env.rank, env.world_size, env.launcher) == (0, 1, "none")
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29999"}.items():
+        clean_launch.setenv(key, value)
+    with pytest.raises(DistEnvError) as err:
+        distenv.torch.init_process_group()
+    assert "already up as rank 0 of 1 with backend 'gloo', which does not match rank 1 of 2 (env)" \
+        in str(err.value)

@@ -294,9 +294,11 @@ def test_hf_argument_parser_accepts_both_forms(tmp_path, form, fake_process_grou
     assert args.local_rank == 1 and args.world_size == 2
 
 
-def test_callback_logs_once_and_checks_world_size(tmp_path, fake_process_group, capsys):
+def test_callback_logs_once_and_checks_world_size(tmp_path, fake_process_group, capsys, caplog):
     need("accelerate")
     need("transformers")
+    import logging
+
     from transformers import TrainerControl, TrainerState
 
     launch(dict(OPENMPI, OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0", PMIX_RANK="0"))
@@ -305,11 +307,15 @@ def test_callback_logs_once_and_checks_world_size(tmp_path, fake_process_group, 
     cb = dt.DistEnvCallback(stdout=True)
     state = TrainerState()
     state.is_world_process_zero = True
-    cb.on_train_begin(args, state, TrainerControl())
-    cb.on_train_begin(args, state, TrainerControl())
+    with caplog.at_level(logging.DEBUG, logger="distenv"):
+        cb.on_train_begin(args, state, TrainerControl())
+        cb.on_train_begin(args, state, TrainerControl())
     out = capsys.readouterr().out
     assert out.count("distenv: openmpi launch, rank 0/2") == 1
     assert "Trainer: world_size=2, process_index=0, parallel_mode=distributed" in out
+    # the normal status line is information, not a warning (issue 30, item 12)
+    logged = [r for r in caplog.records if "openmpi launch, rank 0/2" in r.getMessage()]
+    assert [(r.name, r.levelname) for r in logged] == [("distenv.transformers", "INFO")]
 
     class Wrong:
         world_size = 1

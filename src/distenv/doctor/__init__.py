@@ -28,7 +28,8 @@ a short timeout: preferably the launcher binary that started this process, found
 ancestors in /proc, else the command on PATH, labelled so).
 
 Values of secret-looking variables never appear (`distenv.redact`); long values are
-shortened as `distenv show` does (`distenv.display.shorten`). Exit status: 2 when the
+shortened as `distenv show` does (`distenv.display.shorten`); findings are printed whole up to
+2000 characters, a longer one says where the whole text is (`distenv.display.clip`). Exit status: 2 when the
 environment cannot be resolved (as every command), 1 when a finding is an error, else 0.
 
 One module per concern; this one runs them (`diagnose`, `main`) and re-exports their public

@@ -30,9 +30,9 @@ def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> No
     if env.launcher == "none" and env.launch != PER_NODE:
         rep.add("info", "launch", "not launched distributed: a single process "
                 f"({env.provenance.get('launcher')}). distenv's zero-code paths (DISTENV_AUTO, "
-                "the patches) change nothing here: a framework that detects its platform itself "
-                "(JAX on Cloud TPU/GCE or Kubernetes, torch-xla, Lightning's XLA environment, "
-                "Accelerate's TPU state) keeps its own answer.")
+                "the patches) patch no framework here: a framework that detects its platform "
+                "itself (JAX on Cloud TPU/GCE or Kubernetes, torch-xla, Lightning's XLA "
+                "environment, Accelerate's TPU state) keeps its own answer.")
     else:
         where = f" on {env.platform}" if env.platform else ""
         rep.add("ok", "launch", f"{env.launcher}{where}, {env.launch} launch: "

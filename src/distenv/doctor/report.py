@@ -56,7 +56,7 @@ def render(report: "Mapping[str, Any]") -> str:
     """The human-readable report."""
     from ..description import FIELDS
 
-    from ..display import hosts_text, shorten
+    from ..display import clip, hosts_text, shorten
 
     lines = ["launch"]
     if report["launch"] is not None:
@@ -71,7 +71,7 @@ def render(report: "Mapping[str, Any]") -> str:
             why = shorten(report["provenance"].get(name, ""))
             lines.append(f"  {name:<{width}}  {shown:<16}  {why}".rstrip())
     else:
-        lines.append(f"  cannot be resolved: {shorten(report['error'])}")
+        lines.append(f"  cannot be resolved: {clip(report['error'])}")
     if report.get("map") is not None:
         from ..nodemap import render as render_map
 
@@ -81,9 +81,9 @@ def render(report: "Mapping[str, Any]") -> str:
     lines.append("")
     lines.append("findings")
     for f in report["findings"]:
-        lines.append(f"  [{f['level']}] {f['topic']}: {shorten(f['message'])}")
+        lines.append(f"  [{f['level']}] {f['topic']}: {clip(f['message'])}")
         if f["fix"]:
-            lines.append(f"      fix: {shorten(f['fix'])}")
+            lines.append(f"      fix: {clip(f['fix'])}")
     if report.get("versions"):
         v = report["versions"]
         lines.append("")
@@ -117,13 +117,13 @@ def render(report: "Mapping[str, Any]") -> str:
 
 def summary(report: "Mapping[str, Any]") -> str:
     """One line: status, counts, the first error (else warning) and its fix."""
-    from ..display import shorten
+    from ..display import MAX_VALUE, clip
 
     counts = {level: sum(1 for f in report["findings"] if f["level"] == level) for level in LEVELS}
     line = f"doctor: {report['status']}: {counts['error']} error(s), {counts['warning']} warning(s)"
     worst = next((f for f in report["findings"] if f["level"] in ("error", "warning")), None)
     if worst is not None:
-        line += f"; {worst['topic']}: {shorten(worst['message'])}"
+        line += f"; {worst['topic']}: {clip(worst['message'], MAX_VALUE, 'distenv doctor')}"
         if worst["fix"]:
-            line += f" Fix: {shorten(worst['fix'])}"
+            line += f" Fix: {clip(worst['fix'], MAX_VALUE, 'distenv doctor')}"
     return line
