@@ -6,7 +6,7 @@ and every task of ``srun --mpi=pmix``, is a PMIx client of the daemon that start
 binary protocol spoken through the C library ``libpmix``; this module calls that library with
 `ctypes` (standard library only, no compiler), and only when those variables are present.
 
-What it reads (measured on the two namespace nodes, LAUNCHERS.md section 7):
+What it reads (measured on the two namespace nodes, docs/launchers.md#pmix):
 
 * ``PMIx_Init`` gives this process's namespace and rank; ``pmix.job.size`` (rank WILDCARD)
   the job's size; ``pmix.hname`` of every rank its host. Job-level data the server hands every
@@ -29,7 +29,7 @@ linker's ``libpmix.so.2``. None loads: `PMIxError` naming what was tried; `compl
 then leaves the fields unknown.
 
 A later MPI_Init in the same process (mpi4py, Horovod, any MPI program): what works differs
-by server (measured, LAUNCHERS.md section 7, and `tests/integration/test_pmix_discovery.py`):
+by server (measured, docs/launchers.md#pmix-and-mpi-init, and `tests/integration/test_pmix_discovery.py`):
 
 * Open MPI 4 (ORTE; its libmpi uses this same system libpmix, so the library is shared and
   ``PMIx_Init`` is reference-counted): a client finalized before MPI_Init makes MPI_Init

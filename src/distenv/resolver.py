@@ -53,9 +53,9 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     malformed or contradictory.
     """
     env = os.environ if environ is None else environ
-    if env is not os.environ:
+    if type(env) is dict:
         env = _strings(env)
-    if type(env) is not dict:
+    else:  # os.environ, or any mapping: its values are checked as they are read
         env = _MappingView(env)  # type: ignore[assignment]  # reads like the Mapping it wraps
     if overrides:
         unknown = set(overrides) - OVERRIDABLE
@@ -106,19 +106,21 @@ def _strings(env: "Mapping[str, Any]") -> "Mapping[str, str]":
             break
     else:
         return env
-    out: "dict[str, str]" = {}
-    for key, value in env.items():
-        if isinstance(value, str):
-            out[key] = value
-        elif value.__class__ is int:
-            out[key] = str(value)
-        else:
-            name = key if isinstance(key, str) and len(key) <= 80 else show(key)
-            raise DistEnvError(
-                f"{name}={show(repr(value))[1:-1]} ({type(value).__name__}) in the mapping given "
-                f"to resolve() is not a string, as environment values are. Fix: give it as a "
-                f"string ({name}='...'), or leave it out of the mapping.")
-    return out
+    return {key: _string(key, value) for key, value in env.items()}
+
+
+def _string(key: object, value: object) -> str:
+    """`value` as an environment value: a str; an int (not a bool) as its digits; else the
+    one-line error of `_strings`."""
+    if isinstance(value, str):
+        return value
+    if value.__class__ is int:
+        return str(value)
+    name = key if isinstance(key, str) and len(key) <= 80 else show(key)
+    raise DistEnvError(
+        f"{name}={show(repr(value))[1:-1]} ({type(value).__name__}) in the mapping given "
+        f"to resolve() is not a string, as environment values are. Fix: give it as a "
+        f"string ({name}='...'), or leave it out of the mapping.")
 
 
 class _MappingView:
@@ -137,10 +139,14 @@ class _MappingView:
         return key in self._keys
 
     def __getitem__(self, key: str) -> str:
-        return self._env[key]
+        value = self._env[key]
+        return value if value.__class__ is str else _string(key, value)
 
     def get(self, key: str, default: "str | None" = None) -> "str | None":
-        return self._env[key] if key in self._keys else default
+        if key not in self._keys:
+            return default
+        value = self._env[key]
+        return value if value.__class__ is str else _string(key, value)
 
     def __iter__(self) -> "Iterator[str]":
         return iter(self._keys)

@@ -4,9 +4,7 @@ no file depends on where one machine keeps its checkout. Every file `git ls-file
 
 - No file cites the launcher notebook that lived outside the repository (NOTEBOOK below): the
   launcher facts are in docs/launchers.md, and files cite a section of it
-  (`docs/launchers.md#pmix`). The files another branch is rewriting still do; they are listed,
-  with their number of citations, in BEING_REWRITTEN, and a strict xfail turns red (to remove
-  the entry) once they no longer cite it.
+  (`docs/launchers.md#pmix`).
 - No file holds an absolute path into a machine's checkout or home directory: this checkout's
   own path, or a path under the top-level directories `work` (where the development machines
   keep checkouts), `home`, `Users` or `root` (their home directories; the development machines
@@ -34,13 +32,6 @@ SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
 #: The notebook's file name, spelled so that this file does not cite it.
 NOTEBOOK = "LAUNCHERS" + ".md"
 
-#: Files still citing the notebook because another branch is rewriting them (issue 29: the
-#: discovery work owns them), with how many citations each holds today, and the section of
-#: docs/launchers.md each should cite instead. Nothing else may cite it, and these not more.
-BEING_REWRITTEN = {
-    "src/distenv/pmix.py": 2,       # lines 9 and 32 -> docs/launchers.md#pmix, #pmix-and-mpi-init
-    "docs/discovery.md": 1,         # line 251 -> docs/launchers.md#pmix-and-mpi-init
-}
 
 #: Absolute paths under a home or checkout directory that are not a machine's: (file, path) ->
 #: why. Nothing else may match.
@@ -95,18 +86,12 @@ def citations_of_the_notebook() -> dict[str, int]:
 
 def test_no_file_cites_the_notebook_outside_the_repository():
     found = citations_of_the_notebook()
-    wrong = {name: n for name, n in found.items() if n > BEING_REWRITTEN.get(name, 0)}
+    wrong = dict(found)
     assert not wrong, (
         f"these files cite {NOTEBOOK}, which is not in the repository: cite the section of "
         f"docs/launchers.md that holds the fact instead (docs/launchers.md#<anchor>): {wrong}")
 
 
-@pytest.mark.xfail(strict=True, reason="being rewritten on the discovery branch")
-def test_the_files_being_rewritten_no_longer_cite_the_notebook():
-    """Red once the discovery branch has landed its rewrite: then drop BEING_REWRITTEN's entries
-    (and this xfail), so that nothing may cite the notebook again."""
-    found = citations_of_the_notebook()
-    assert not {name: found[name] for name in BEING_REWRITTEN if name in found}
 
 
 def machine_paths(name: str, text: str) -> list[str]:

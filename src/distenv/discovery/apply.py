@@ -176,7 +176,16 @@ def per_node(env: DistEnv, ans: Answer) -> DistEnv:
 
 
 def apply(env: DistEnv, ans: Answer) -> DistEnv:
-    """`env` completed from `ans` (module docstring); `DistEnvError` on a contradiction."""
+    """`env` completed from `ans` (module docstring); `DistEnvError` on a contradiction, or
+    when a host the service gave cannot be a master address (the resolver's own check:
+    `distenv run` puts it on torchrun's command line)."""
+    from ..resolver import host_problem
+
+    for host in dict.fromkeys(ans.hosts):
+        problem = host_problem(host, ans.why)
+        if problem is not None:
+            raise DistEnvError(f"{problem[:-1]}: the launcher's service answered something that is "
+                               "not a host. " + STALE)
     port_kind = kind_of(env.provenance.get("master_port"))
     if (ans.port is not None and port_kind in (DEFAULT, DERIVED)
             and env.master_addr in (None, ans.hosts[0])):

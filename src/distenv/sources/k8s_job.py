@@ -101,6 +101,16 @@ FIX = ("Fix: set DISTENV_JOB_COMPLETIONS to the Job's completions (equal to its 
        "integrations/kubernetes/ does.")
 
 
+def _bounded(pods: int, what: str) -> None:
+    """A node count larger than any host list distenv builds (`distenv.hostlist.MAX_HOSTS`) is
+    not a Job's: building its host names would take minutes."""
+    from ..hostlist import MAX_HOSTS
+
+    if pods > MAX_HOSTS:
+        raise DistEnvError(f"{what} gives {pods:,} pods, more than the {MAX_HOSTS:,} distenv "
+                           f"places. {FIX}")
+
+
 class IndexedJob(Source):
     name = "k8s_job"
     title = "Kubernetes Indexed Job"
@@ -130,6 +140,7 @@ class IndexedJob(Source):
             self._job(env, r, index, pods)
 
     def _job(self, env: "Env", r: "Reading", index: int, pods: int) -> None:
+        _bounded(pods, f"{COUNT}={pods}")
         r.set("launcher", self.name, f"JOB_COMPLETION_INDEX with {COUNT}: a pod of an Indexed Job, "
                                      "one per node")
         r.set("node_rank", index, f"JOB_COMPLETION_INDEX={index}")
@@ -181,6 +192,7 @@ class IndexedJob(Source):
                 "the number of Jobs)")
             return
         node, count = g * pods + index, total * pods
+        _bounded(count, f"{GLOBAL_REPLICAS}={total} x {COUNT}={pods}")
         r.set("node_rank", node, f"{GLOBAL_INDEX}={g} x {COUNT}={pods} + JOB_COMPLETION_INDEX="
                                  f"{index} (the pod's place across the JobSet's Jobs)")
         r.set("num_nodes", count, f"{GLOBAL_REPLICAS}={total} Job(s) x {COUNT}={pods} pods (one "

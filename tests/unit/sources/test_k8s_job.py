@@ -158,3 +158,14 @@ def test_one_worker_per_pod_is_exec_ed_and_its_process_resolves_the_same(no_gpus
     again = resolve(p.environ)
     assert (again.launcher, again.rank, again.world_size, again.master_addr, again.master_port) == (
         "k8s_job", 3, 4, "distenv-ddp-workers-0-0.distenv-ddp", p.env.master_port)
+
+
+def test_a_node_count_no_job_has_is_refused_at_once(no_gpus):
+    """DISTENV_JOB_COMPLETIONS=2147483647 built that many host names (resolve() ran for
+    minutes: found by tests/reliability/test_fuzz_recorded.py, case 12813 of seed 9)."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(DistEnvError, match="more than the 1,000,000 distenv places.*Fix:"):
+        resolve({**INDEXED, "DISTENV_JOB_COMPLETIONS": "2147483647"})
+    assert time.monotonic() - start < 1
