@@ -309,7 +309,7 @@ def test_complete_without_a_service_changes_nothing_but_says_why(monkeypatch):
     assert any("distenv.discover()" in n for n in env.notes)
     assert not any("distenv.discover()" in n for n in got.notes), got.notes
     said = got.notes[-1]
-    assert said.startswith("discovery found no launcher service to ask") and about(said) == ("master_addr",)
+    assert said.startswith("discovery found no service of mpich to ask") and about(said) == ("master_addr",)
     assert getattr(said, "kind", None) == DECLINED
 
 

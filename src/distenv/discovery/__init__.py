@@ -199,11 +199,16 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]") 
     fields = tuple(f for f in need if getattr(env, f) is None)
     if not fields:
         return env
-    what = (f"discovery did not ask the launcher's {reason.service} service: {reason}"
-            if reason.present else f"discovery found no launcher service to ask ({reason})")
-    text = what + ("" if "Fix:" in what else ". Fix: set MASTER_ADDR (and NODE_RANK) for every rank")
     from ..resolver import unknown_note
     from ..sources import source_of
+
+    if reason.present:
+        text = f"discovery did not ask the launcher's {reason.service} service: {reason}"
+    else:
+        fix = source_of(env.launcher).service_fix
+        text = (f"discovery found no service of {env.launcher} to ask ({reason})"
+                + (f". Fix: {fix}, or set MASTER_ADDR (and NODE_RANK) for every rank" if fix else ""))
+    text += "" if "Fix:" in text else ". Fix: set MASTER_ADDR (and NODE_RANK) for every rank"
 
     notes = [n for n in env.notes if getattr(n, "kind", None) != UNKNOWN]
     rebuilt = unknown_note(env.to_dict(), source_of(env.launcher).title or str(env.launcher),

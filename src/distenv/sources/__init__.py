@@ -91,6 +91,9 @@ class Source:
     #: "pmix", "pmi" (the PMI-1 wire protocol). Each checks its own variables and guards before
     #: it is offered; none is asked by resolve().
     services: "tuple[str, ...]" = ()
+    #: What to do when none of `services` is offered to a process of this launch (how to
+    #: launch so that one is), for the note discovery leaves; "" for the generic fix.
+    service_fix = ""
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""

@@ -49,7 +49,7 @@ whose place happens to agree cannot tell, so do not run distributed training as 
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS, unknown
+from ..description import PER_PROCESS, Note, unknown
 from ..errors import DistEnvError
 from ..reading import parse_int
 from . import Source
@@ -277,6 +277,11 @@ class Slurm(Source):
     can_be_per_node = True
     # --mpi=cray_shasta: the apinfo file; --mpi=pmix: PMIx; --mpi=pmi2: PMI-1 to the stepd
     services = ("apinfo", "pmix", "pmi")
+    # --mpi=none (SLURM_MPI_TYPE=none) offers none: a task then learns where task 0 runs only
+    # from slurmctld (`sattach --layout`, one controller RPC per task: 4-24 ms each measured
+    # here, N calls for N tasks at every job start), which distenv does not do
+    service_fix = ("launch with srun --mpi=pmix or --mpi=cray_shasta (or --mpi=pmi2 unless the "
+                   "step is heterogeneous): distenv then asks that service")
 
     def detect(self, env: "Env") -> bool:
         step = step_id(env)
@@ -376,8 +381,12 @@ class Slurm(Source):
         if doubt is not None:
             values.pop("node_rank", None)
             why.pop("node_rank", None)
-            r.notes.append(doubt[0] + ". Fix: set MASTER_ADDR to task 0's host (and NODE_RANK "
-                           "if needed), or call distenv.discover().")
+            plugin = (get("SLURM_MPI_TYPE") or "none").strip()
+            ask = ("call distenv.discover() (it asks the --mpi=" + plugin + " service)"
+                   if plugin in ("pmix", "pmi2", "cray_shasta") or plugin.startswith("pmix_")
+                   else self.service_fix)
+            r.notes.append(Note(doubt[0] + f". Fix: {ask}, or set MASTER_ADDR to task 0's host "
+                                "(and NODE_RANK) for every task", about=("node_rank", "master_addr")))
         elif hosts:
             values["master_addr"] = hosts[0]
             why["master_addr"] = (f"first host of {why['hosts']} (block, cyclic and plane "

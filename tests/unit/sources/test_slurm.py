@@ -50,3 +50,28 @@ def test_slurm_batch_script_is_one_process_not_task_zero():
 def test_slurm_batch_step_id_marker_is_not_a_task():
     env = resolve(slurm_task(0, 4, 0, 0, 2, "n[1-2]", "2(x2)", step="4294967294"))
     assert env.launcher == "none"
+
+
+def test_an_arbitrary_step_without_a_plugin_names_the_plugins_that_place_it():
+    """srun --mpi=none: no service can tell a task where task 0 runs; the note and discovery's
+    answer name the plugins that can (recorded: the pmi2 arbitrary run, as --mpi=none would
+    give it), and the note goes once a service filled the fields."""
+    import json
+    import os
+
+    from distenv.description import DECLINED
+    from distenv.discovery import complete
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "launchers",
+                        "cluster-srun-pmi2-n4-arbitrary.json")
+    with open(path) as f:
+        env = {k: v for k, v in json.load(f)["ranks"][0]["env"].items() if not k.startswith("PMI_")}
+    env["SLURM_MPI_TYPE"] = "none"
+    got = resolve(env)
+    (doubt,) = [n for n in got.notes if "SLURM_DISTRIBUTION=arbitrary" in n]
+    assert "srun --mpi=pmix or --mpi=cray_shasta" in doubt and "distenv.discover()" not in doubt
+    done = complete(got, need=("master_addr",), environ=env)
+    (said,) = [n for n in done.notes if getattr(n, "kind", None) == DECLINED]
+    assert said.startswith("discovery found no service of slurm to ask") and "--mpi=pmix" in said
+    with_pmi2 = resolve({**env, "SLURM_MPI_TYPE": "pmi2"})
+    assert any("call distenv.discover() (it asks the --mpi=pmi2 service)" in n for n in with_pmi2.notes)
