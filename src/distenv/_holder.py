@@ -1,4 +1,4 @@
-"""The holder: a small process that keeps what discovery opened until the launcher's task ends.
+"""The holder: a small process that keeps what discovery opened until each launcher task ends.
 
 A launcher's service is asked once per task (the process the launcher started: the rank, or
 the job script that runs it), but what that leaves behind must live as long as the task, not
@@ -21,123 +21,219 @@ as long as the Python that asked:
 Why a process of its own, exec'ed: a fork of the rank would keep a copy-on-write image of its
 whole address space for the job's life (measured: 211 MB held after the rank freed it); a
 thread would end with the Python that asked (a wrapper script's later programs, ``distenv
-run``'s exec). This file is run as ``python -I -S _holder.py``: standard library only, no
-import of distenv, its memory a bare interpreter's.
+run``'s exec). This file runs as ``python -I -S _holder.py``: standard library only, no import
+of distenv, not even of ``socket`` or ``json`` (its C parts only): a bare interpreter's memory
+(about 6 MB private) and start (about 12 ms of CPU).
 
-Who may talk to it: its control socket is a socket pair inherited from the process that started
-it, nothing else can reach it; the PMIx relay's loopback listener accepts only connections
-whose owner (the kernel's /proc/net/tcp) is this user, at most `max` of them, and only while
-the query runs; the claim (an abstract Unix socket named after the task) answers only this
-user's processes that descend from the task (SO_PEERCRED, /proc). docs/guarantees.md has the
-trust model.
+**One holder per node and job**, not per rank: the ranks of one launcher daemon on a node
+share it (it listens on an abstract Unix socket named after this user and the daemon: its pid
+and start time). The first rank to arrive starts it; the others connect and register their
+task. Starting an interpreter per rank cost a second of wall time at 64 ranks on 2 cores
+(``benchmarks/bench_slurm_services.py``). It ends when every task it watched has ended.
 
-The control protocol (`Holder` below is its client): one JSON object per message on the
-socket pair, descriptors attached (SCM_RIGHTS); each answered ``{"ok": true}`` or
-``{"error": "..."}``. Messages: ``watch`` (pid, start time: the task; first), ``finalize``
-(one PMI-1 connection), ``pmi_relay`` (stepd connection, the rank's end of a socket pair, the
-stepd's init answer), ``pmix_relay`` (a listening socket, the server's address, the cap),
-``pmix_done``, ``claim`` (a listening abstract socket, the answer, the task).
+Who may talk to it: only this user's processes that descend from the daemon it serves
+(SO_PEERCRED, /proc); the PMIx relay's loopback listener accepts only connections owned by this
+user (the kernel's /proc/net/tcp), at most `cap`, and only while the query runs; the claim (an
+abstract socket named after the task) answers only this user's processes of that task.
+docs/guarantees.md has the trust model.
+
+The protocol (`Holder` is the client): one line per message, ``op key=value ...`` with values
+%-escaped, descriptors attached (SCM_RIGHTS); each answered ``ok pid=<holder pid>`` or
+``error <text>`` (none for a message marked ``quiet``: `Holder.tell`). The first message of a
+connection is ``watch`` (the task's pid and start time); the others are that task's duties:
+``finalize`` (a PMI-1 connection), ``pmi_relay`` (the stepd's connection and the rank's end
+of a socket pair, taken before the exchange) and ``pmi_go`` (after it: the stepd's answer to
+our init),
+``pmix_relay`` (a listening socket, the server's address, the cap), ``pmix_done``, ``claim``
+(a listening abstract socket, the answer).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    import socket
+    from collections.abc import Callable, Sequence
     from typing import Any
 
-#: Longest line a PMI-1 peer may send before the relay gives up on it (a PMI-1 command is
-#: at most a few KB: keys, and values of vallen_max, 1024 or 4096 measured).
+#: Longest line a peer may send before it is dropped (a PMI-1 command is a few KB: values of
+#: vallen_max, 1024 or 4096 measured; a claim's answer holds the compact host list).
 MAX_LINE = 1 << 16
-#: Seconds the holder waits for a ``finalize_ack`` once the task has ended.
+#: Longest message on the control connection (a claim's answer for a very large job).
+MAX_CTRL = 64 << 20
+#: Seconds the holder waits for a ``finalize_ack`` once a task has ended.
 FINALIZE_WAIT = 5.0
+#: Seconds a new holder waits for its first task before it ends.
+FIRST_TASK_WAIT = 60.0
+
+
+def _escape(value: object) -> str:
+    text = str(value)
+    for c, code in (("%", "%25"), (" ", "%20"), ("=", "%3D"), ("\n", "%0A"), ("\t", "%09")):
+        text = text.replace(c, code)
+    return text
+
+
+def _unescape(text: str) -> str:
+    head, *rest = text.split("%")
+    return head + "".join(chr(int(part[:2], 16)) + part[2:] for part in rest)
+
+
+def encode(op: str, fields: "dict[str, object]") -> bytes:
+    return (" ".join([op, *(f"{k}={_escape(v)}" for k, v in fields.items())]) + "\n").encode()
+
+
+def decode(line: bytes) -> "tuple[str, dict[str, str]]":
+    op, *parts = line.decode("utf-8", "replace").split(" ")
+    return op, {k: _unescape(v) for k, _, v in (p.partition("=") for p in parts if p)}
 
 
 # -- the client side (in the rank) ------------------------------------------------------------
 class HolderError(OSError):
-    """The holder could not be started or refused a duty."""
+    """The holder could not be started or reached, or refused a duty."""
 
 
 class Holder:
-    """A started holder; `ask` gives it a duty (and descriptors)."""
+    """A connection to this node's holder, registered for one task; `ask` gives it a duty."""
 
-    def __init__(self, ctrl: socket.socket, pid: int) -> None:
-        self.ctrl, self.pid = ctrl, pid
+    def __init__(self, conn: "socket.socket", pid: int) -> None:
+        self.conn, self.pid = conn, pid
 
-    def ask(self, op: str, fds: "Sequence[int]" = (), **fields: Any) -> "dict[str, Any]":
-        import json
+    def ask(self, op: str, fds: "Sequence[int]" = (), **fields: Any) -> "dict[str, str]":
+        import socket
 
-        msg = (json.dumps({"op": op, **fields}) + "\n").encode()
         try:
-            socket.send_fds(self.ctrl, [msg], list(fds))
+            socket.send_fds(self.conn, [encode(op, fields)], list(fds))
             reply = b""
             while not reply.endswith(b"\n"):
-                part = self.ctrl.recv(4096)
+                part = self.conn.recv(4096)
                 if not part:
                     raise HolderError(f"the holder (pid {self.pid}) ended before answering {op}")
                 reply += part
+        except HolderError:
+            raise
         except OSError as exc:
-            if isinstance(exc, HolderError):
-                raise
             raise HolderError(f"the holder (pid {self.pid}) did not take {op}: {exc}") from None
-        got: "dict[str, Any]" = json.loads(reply)
-        if not got.get("ok"):
-            raise HolderError(f"the holder refused {op}: {got.get('error')}")
+        status, got = decode(reply.rstrip(b"\n"))
+        if status != "ok":
+            text = reply.decode("utf-8", "replace").strip()
+            raise HolderError(f"the holder refused {op}: {text.partition(' ')[2]}")
         return got
 
+    def tell(self, op: str, fds: "Sequence[int]" = (), **fields: Any) -> None:
+        """`ask` without waiting for the answer (the holder sends none): for a duty whose
+        answer would only delay the rank (it has nothing to do if it fails but to go on)."""
+        import socket
+
+        try:
+            socket.send_fds(self.conn, [encode(op, {**fields, "quiet": 1})], list(fds))
+        except OSError as exc:
+            raise HolderError(f"the holder (pid {self.pid}) did not take {op}: {exc}") from None
+
     def close(self) -> None:
-        self.ctrl.close()
+        self.conn.close()
 
 
-def start(task: int, task_start: "int | None", timeout: float = 30.0) -> Holder:
-    """Start a holder that watches `task` (its start time `task_start`, from /proc: a pid
-    reused by another process is never watched); `HolderError` if it cannot be started."""
-    import subprocess
+def address(daemon: "tuple[int, int | None] | None", task: "tuple[int, int | None]") -> str:
+    """The abstract socket of the holder serving `daemon`'s tasks on this node (pid, start time)
+    for this user; without a daemon (a process asked on its own), one for `task` alone."""
+    who = f"daemon/{daemon[0]}/{daemon[1]}" if daemon else f"task/{task[0]}/{task[1]}"
+    return f"\0distenv-holder/{os.getuid()}/{who}"
 
-    if not sys.executable:
-        raise HolderError("no Python interpreter to run the holder (sys.executable is empty)")
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+def _connect(name: str, timeout: float) -> "socket.socket | None":
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
     try:
-        # -I: isolated (no cwd, user site or PYTHON* variables); -S: no site at all
-        argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(theirs.fileno())]
+        s.connect(name)
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def _spawn(name: str, guard: int) -> bool:
+    """Bind `name` and start a holder listening on it that serves the descendants of process
+    `guard` (the daemon, or the task itself); False when another process holds the name (it is
+    starting one: connect to it)."""
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(name)
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        return False
+    try:
+        if not sys.executable:
+            raise HolderError("no Python interpreter to run the holder (sys.executable is empty)")
+        fd = listener.fileno()
+        os.set_inheritable(fd, True)
+        # -I: isolated (no cwd, user site or PYTHON* variables); -S: no site at all.
+        # posix_spawn, not subprocess: importing subprocess alone costs a rank ~13 ms.
+        argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(guard)]
         log = os.environ.get("DISTENV_HOLDER_LOG")
         env = {"DISTENV_HOLDER_LOG": log} if log else {}
-        p = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             close_fds=True, env=env)
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
+                   (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
+        pid = os.posix_spawn(sys.executable, argv, env, file_actions=actions)
         # it forks at once and its first process exits: the holder is nobody's child (a
         # shell that waits for its children, or the program distenv run execs, never waits)
-        p.wait(timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        mine.close()
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # SIGCHLD ignored by this program: the kernel reaped it
+            pass
+    except OSError as exc:
         raise HolderError(f"could not start the holder: {exc}") from None
     finally:
-        theirs.close()
-    mine.settimeout(timeout)
-    holder = Holder(mine, p.pid)
-    try:
-        holder.pid = int(holder.ask("watch", pid=task, start=task_start)["pid"])
-    except HolderError:
-        mine.close()
-        raise
-    return holder
+        listener.close()  # the holder has its own copy
+    return True
+
+
+def start(task: int, task_start: "int | None", timeout: float = 30.0,
+          daemon: "tuple[int, int | None] | None" = None) -> Holder:
+    """A connection to the holder serving `daemon` on this node (started if none is), with
+    `task` registered (its start time from /proc: a pid reused by another process is never
+    watched); `HolderError` if none can be reached."""
+    name = address(daemon, (task, task_start))
+    deadline = time.monotonic() + timeout
+    spawned = False
+    while True:
+        conn = _connect(name, max(deadline - time.monotonic(), 0.01))
+        if conn is not None:
+            holder = Holder(conn, 0)
+            try:
+                holder.pid = int(holder.ask("watch", pid=task, start=task_start or 0)["pid"])
+                return holder
+            except (HolderError, KeyError, ValueError):
+                conn.close()  # it was ending as we came: start another
+        elif not spawned:
+            spawned = _spawn(name, daemon[0] if daemon else task)
+            continue
+        if time.monotonic() >= deadline:
+            raise HolderError(f"no holder answered on this node within {timeout:g} s")
+        time.sleep(0.01)
+        spawned = False
 
 
 _mine: "tuple[int, int, int | None, Holder] | None" = None  # (this pid, task, start, holder)
 
 
-def for_task(task: int, task_start: "int | None") -> Holder:
-    """This process's holder for `task`, started on first use (one per process: a forked
-    child that asks gets its own)."""
+def for_task(task: int, task_start: "int | None",
+             daemon: "tuple[int, int | None] | None" = None) -> Holder:
+    """This process's connection to the holder, registered for `task`, made on first use (a
+    forked child that asks makes its own)."""
     global _mine
     if _mine is not None and _mine[:3] == (os.getpid(), task, task_start):
         return _mine[3]
-    holder = start(task, task_start)
+    holder = start(task, task_start, daemon=daemon)
     _mine = (os.getpid(), task, task_start, holder)
     return holder
 
@@ -145,23 +241,22 @@ def for_task(task: int, task_start: "int | None") -> Holder:
 def start_time(pid: int) -> "int | None":
     """Field 22 of /proc/<pid>/stat (clock ticks since boot): with the pid, a process's
     identity (a pid alone may be reused)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()
+    fields = _stat(pid)
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 def parent_of(pid: int) -> "int | None":
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _stat(pid: int) -> "list[str]":
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read().decode("ascii", "replace")
     except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+        return []
+    return text.rpartition(")")[2].split()
 
 
 def descends(pid: int, ancestor: int, depth: int = 64) -> bool:
@@ -179,14 +274,15 @@ def descends(pid: int, ancestor: int, depth: int = 64) -> bool:
 def tcp_owner(local: "tuple[str, int]", remote: "tuple[str, int]") -> "int | None":
     """The uid owning the TCP socket whose local address is `local` and remote `remote`
     (the kernel's /proc/net/tcp and tcp6), or None when none is listed."""
+    import _socket
 
     def hexaddr(host: str, port: int, six: bool) -> str:
         if ":" in host:
             if not six:
                 raise ValueError(host)
-            raw = socket.inet_pton(socket.AF_INET6, host)
+            raw = _socket.inet_pton(_socket.AF_INET6, host)
         else:
-            raw = socket.inet_pton(socket.AF_INET, host)
+            raw = _socket.inet_pton(_socket.AF_INET, host)
             if six:
                 raw = b"\0" * 10 + b"\xff\xff" + raw  # ::ffff:a.b.c.d
         # the kernel prints each 32-bit word in host order
@@ -212,175 +308,55 @@ def tcp_owner(local: "tuple[str, int]", remote: "tuple[str, int]") -> "int | Non
 
 
 # -- the holder itself ------------------------------------------------------------------------
-class _Main:
-    """The holder's one thread: a selector over its control socket, the watched task, and
-    whatever it holds or relays."""
+class _Loop:
+    """One thread: a poll over descriptors, each with its callback."""
 
-    def __init__(self, ctrl: socket.socket) -> None:
-        import selectors
+    def __init__(self) -> None:
+        import select
 
-        self.sel = selectors.DefaultSelector()
-        self.ctrl: "socket.socket | None" = ctrl
-        self.ctrl_buf = b""
-        self.task: "int | None" = None
-        self.task_start: "int | None" = None
-        self.pidfd: "int | None" = None
-        self.finalize: "list[socket.socket]" = []   # PMI-1 connections to finalize at the end
-        self.relays: "list[_PmiRelay]" = []
-        self.pmix: "_PmixRelay | None" = None
-        self.claim: "_Claim | None" = None
-        self.held: "list[socket.socket]" = []       # PMIx server ends held until the end
-        self.sel.register(ctrl, selectors.EVENT_READ, self._on_ctrl)
+        self.poll = select.poll()
+        self.calls: "dict[int, Callable[[], None]]" = {}
 
-    def log(self, text: str) -> None:
-        path = os.environ.get("DISTENV_HOLDER_LOG")
-        if path:
-            try:
-                with open(path, "a") as f:
-                    f.write(f"{time.time():.3f} holder {os.getpid()}: {text}\n")
-            except OSError:
-                pass
+    def add(self, fd: int, call: "Callable[[], None]") -> None:
+        import select
 
-    # control
-    def _on_ctrl(self, sock: socket.socket) -> None:
-        import json
+        self.calls[fd] = call
+        self.poll.register(fd, select.POLLIN)
 
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_LINE, 8)
-        except OSError:
-            data, fds = b"", []
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            self.sel.unregister(sock)
-            sock.close()
-            self.ctrl = None  # no more duties; the holder lives on until the task ends
-            return
-        self.ctrl_buf += data
-        if b"\n" not in self.ctrl_buf:
-            if len(self.ctrl_buf) > MAX_LINE:
-                self.ctrl_buf = b""
-                self._reply(sock, error="message too long")
-            for fd in fds:
-                os.close(fd)
-            return
-        line, _, self.ctrl_buf = self.ctrl_buf.partition(b"\n")
-        try:
-            msg = json.loads(line)
-            getattr(self, "_op_" + str(msg.get("op")))(msg, fds)
-        except Exception as exc:  # noqa: BLE001 - answered to the rank, which raises it
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self._reply(sock, error=f"{type(exc).__name__}: {exc}")
-            return
-        self._reply(sock)
-
-    @staticmethod
-    def _reply(sock: socket.socket, error: "str | None" = None) -> None:
-        import json
-
-        try:
-            reply = {"ok": True, "pid": os.getpid()} if error is None else {"error": error}
-            sock.sendall((json.dumps(reply) + "\n").encode())
-        except OSError:
-            pass
-
-    def _op_watch(self, msg: "dict[str, Any]", fds: "list[int]") -> None:
-        import selectors
-
-        pid, start = int(msg["pid"]), msg.get("start")
-        if start is not None and start_time(pid) != int(start):
-            raise ValueError(f"process {pid} is not the task (it ended, or the pid was reused)")
-        self.task, self.task_start = pid, start
-        try:
-            self.pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):  # before Linux 5.3: polled in run()
-            self.pidfd = None
-        if self.pidfd is not None:
-            self.sel.register(self.pidfd, selectors.EVENT_READ, self._on_task_end)
-        self.log(f"watching task {pid}")
-
-    def _op_finalize(self, msg: "dict[str, Any]", fds: "list[int]") -> None:
-        (fd,) = fds
-        self.finalize.append(socket.socket(fileno=fd))
-
-    def _op_pmi_relay(self, msg: "dict[str, Any]", fds: "list[int]") -> None:
-        up, down = (socket.socket(fileno=fd) for fd in fds)
-        relay = _PmiRelay(self, up, down, str(msg["init"]))
-        self.relays.append(relay)
-
-    def _op_pmix_relay(self, msg: "dict[str, Any]", fds: "list[int]") -> None:
-        (fd,) = fds
-        family, host, port = msg["server"]
-        self.pmix = _PmixRelay(self, socket.socket(fileno=fd), (int(family), str(host), int(port)),
-                               int(msg.get("max", 2)), int(msg.get("uid", os.getuid())))
-
-    def _op_pmix_done(self, msg: "dict[str, Any]", fds: "list[int]") -> None:
-        if self.pmix is not None:
-            self.pmix.stop(drop=bool(msg.get("drop")))
-
-    def _op_claim(self, msg: "dict[str, Any]", fds: "list[int]") -> None:
-        (fd,) = fds
-        self.claim = _Claim(self, socket.socket(fileno=fd), str(msg["answer"]), int(msg["task"]))
-
-    # the end
-    def _on_task_end(self, _fd: Any) -> None:
-        raise _TaskEnded
-
-    def _task_alive(self) -> bool:
-        if self.task is None:
-            return True
-        return start_time(self.task) == self.task_start if self.task_start is not None else \
-            os.path.exists(f"/proc/{self.task}")
-
-    def run(self) -> None:
-        try:
-            while True:
-                # no pidfd: look at the task every 200 ms; no watch yet: the control socket
-                # must give one soon (the rank waits for the answer)
-                timeout = None if self.pidfd is not None or self.task is None else 0.2
-                events = self.sel.select(timeout)
-                for key, _ in events:
-                    try:
-                        key.data(key.fileobj)
-                    except _TaskEnded:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - one broken duty ends only itself
-                        self.log(f"{type(exc).__name__} in {key.data}: {exc}")
-                        try:
-                            self.sel.unregister(key.fileobj)
-                        except (KeyError, ValueError):
-                            pass
-                if self.task is not None and self.pidfd is None and not self._task_alive():
-                    raise _TaskEnded
-                if self.task is None and self.ctrl is None:
-                    return  # started but never told what to watch
-        except _TaskEnded:
-            self.log(f"task {self.task} ended")
-        self.end()
-
-    def end(self) -> None:
-        if self.claim is not None:
-            self.claim.close()
-        if self.pmix is not None:
-            self.pmix.stop(drop=True)
-        for relay in self.relays:
-            relay.end()
-        for sock in self.finalize:
-            _finalize(sock)
-            self.log("sent finalize")
-        for sock in self.held:
-            sock.close()
+    def drop(self, fd: int) -> None:
+        if self.calls.pop(fd, None) is not None:
+            self.poll.unregister(fd)
 
 
-class _TaskEnded(Exception):
-    pass
+def _sock(fd: int) -> Any:
+    import _socket
+
+    return _socket.socket(fileno=fd)
 
 
-def _finalize(sock: socket.socket) -> None:
+def _recv_fds(sock: Any, size: int) -> "tuple[bytes, list[int]]":
+    import _socket
+    import array
+
+    data, anc, _flags, _addr = sock.recvmsg(size, _socket.CMSG_SPACE(8 * 4))
+    fds = array.array("i")
+    for level, kind, payload in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def _peer(sock: Any) -> "tuple[int, int]":
+    """(pid, uid) of a Unix socket's peer, from the kernel."""
+    import _socket
+    import struct
+
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid
+
+
+def _finalize(sock: Any) -> None:
     """``cmd=finalize``, then wait (at most FINALIZE_WAIT) for the ack, then close."""
     try:
         sock.settimeout(FINALIZE_WAIT)
@@ -398,22 +374,210 @@ def _finalize(sock: socket.socket) -> None:
         sock.close()
 
 
+class _Task:
+    """One task's duties, ended when it ends."""
+
+    def __init__(self, main: "_Main", pid: int, start: int) -> None:
+        self.main, self.pid, self.start = main, pid, start
+        self.finalize: "list[Any]" = []
+        self.relays: "list[_PmiRelay]" = []
+        self.pmix: "list[_PmixRelay]" = []
+        self.claims: "list[_Claim]" = []
+        self.pidfd: "int | None" = None
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # before Linux 5.3: polled
+            self.pidfd = None
+        if self.pidfd is not None:
+            main.loop.add(self.pidfd, self.end)
+
+    def alive(self) -> bool:
+        return start_time(self.pid) == self.start if self.start else os.path.exists(f"/proc/{self.pid}")
+
+    def end(self) -> None:
+        self.main.log(f"task {self.pid} ended")
+        if self.pidfd is not None:
+            self.main.loop.drop(self.pidfd)
+            os.close(self.pidfd)
+        for claim in self.claims:
+            claim.close()
+        for relay in self.pmix:
+            relay.stop(drop=True)
+        for r in self.relays:
+            r.end()
+        for sock in self.finalize:
+            _finalize(sock)
+            self.main.log("sent finalize")
+        self.main.tasks.pop(self.pid, None)
+
+
+class _Main:
+    """The holder: serves this user's processes that descend from `daemon` (the launcher's
+    daemon on this node, or the one task a holder was started for)."""
+
+    def __init__(self, listener: Any, daemon: int) -> None:
+        self.loop = _Loop()
+        self.listener, self.daemon, self.uid = listener, daemon, os.getuid()
+        self.tasks: "dict[int, _Task]" = {}
+        self.sessions: "dict[int, list[Any]]" = {}  # fd -> [sock, buffer, task pid or None]
+        self.loop.add(listener.fileno(), self._accept)
+        self.started = time.monotonic()
+        self.ever = False
+        self.last_id = 0
+
+    def log(self, text: str) -> None:
+        path = os.environ.get("DISTENV_HOLDER_LOG")
+        if path:
+            try:
+                with open(path, "a") as f:
+                    f.write(f"{time.time():.3f} holder {os.getpid()}: {text}\n")
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        try:
+            fd, _ = self.listener._accept()
+        except OSError:
+            return
+        conn = _sock(fd)
+        pid, uid = _peer(conn)
+        if uid != self.uid or not descends(pid, self.daemon):
+            self.log(f"refused process {pid} (uid {uid})")
+            conn.close()
+            return
+        self.sessions[conn.fileno()] = [conn, b"", None]
+        self.loop.add(conn.fileno(), lambda fd=conn.fileno(): self._on_session(fd))
+
+    def _on_session(self, fd: int) -> None:
+        session = self.sessions[fd]
+        sock = session[0]
+        try:
+            data, fds = _recv_fds(sock, 1 << 16)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            for extra in fds:
+                os.close(extra)
+            self.loop.drop(fd)
+            sock.close()
+            del self.sessions[fd]
+            return
+        session[1] += data
+        if b"\n" not in session[1]:
+            if len(session[1]) > MAX_CTRL:
+                self.loop.drop(fd)
+                sock.close()
+                del self.sessions[fd]
+            for extra in fds:
+                os.close(extra)
+            return
+        line, _, session[1] = session[1].partition(b"\n")
+        op, fields = decode(line)
+        try:
+            if op == "watch":
+                session[2] = self._watch(int(fields["pid"]), int(fields.get("start") or 0))
+            elif session[2] is None or session[2] not in self.tasks:
+                raise ValueError("no task registered on this connection")
+            else:
+                getattr(self, "_op_" + op)(self.tasks[session[2]], fields, fds)
+        except Exception as exc:  # noqa: BLE001 - answered to the rank, which raises it
+            for extra in fds:
+                try:
+                    os.close(extra)
+                except OSError:
+                    pass
+            self.log(f"{op} failed: {type(exc).__name__}: {exc}")
+            if "quiet" not in fields:
+                self._reply(sock, f"error {type(exc).__name__}: {exc}")
+            return
+        if "quiet" not in fields:
+            self._reply(sock, f"ok pid={os.getpid()}" + (f" id={self.last_id}" if op == "pmix_relay" else ""))
+
+    @staticmethod
+    def _reply(sock: Any, text: str) -> None:
+        try:
+            sock.sendall(text.replace("\n", " ").encode() + b"\n")
+        except OSError:
+            pass
+
+    def _watch(self, pid: int, start: int) -> int:
+        if start and start_time(pid) != start:
+            raise ValueError(f"process {pid} is not the task (it ended, or the pid was reused)")
+        if pid not in self.tasks:
+            self.tasks[pid] = _Task(self, pid, start)
+            self.ever = True
+            self.log(f"watching task {pid}")
+        return pid
+
+    def _op_finalize(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        (fd,) = fds
+        task.finalize.append(_sock(fd))
+
+    def _op_pmi_relay(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        """The stepd's connection and the rank's new PMI_FD, taken before the exchange (the
+        relay waits, reading neither, until `pmi_go`: the rank still talks on its own copy)."""
+        up, down = fds
+        task.relays.append(_PmiRelay(self, _sock(up), _sock(down)))
+
+    def _op_pmi_go(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        """The exchange is over: relay, answering a later init with the stepd's to ours."""
+        task.relays[-1].go(fields.get("init", ""))
+
+    def _op_pmix_relay(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        (fd,) = fds
+        server = (int(fields["family"]), fields["host"], int(fields["port"]))
+        task.pmix.append(_PmixRelay(self, _sock(fd), server, int(fields.get("max", "2")),
+                                    int(fields.get("uid", self.uid))))
+        self.last_id = len(task.pmix) - 1
+
+    def _op_pmix_done(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        """The query that relay `id` served has ended: no more connections; `drop`: it failed,
+        so the server must see its connection close now, as it would without the relay."""
+        task.pmix[int(fields["id"])].stop(drop=fields.get("drop") == "True")
+
+    def _op_claim(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        (fd,) = fds
+        task.claims.append(_Claim(self, _sock(fd), fields["answer"], task.pid))
+
+    def run(self) -> None:
+        while True:
+            polled = any(t.pidfd is None for t in self.tasks.values())
+            events = self.loop.poll.poll(200 if polled or not self.ever else None)
+            for fd, _ in events:
+                call = self.loop.calls.get(fd)
+                if call is None:
+                    continue
+                try:
+                    call()
+                except Exception as exc:  # noqa: BLE001 - one broken duty ends only itself
+                    self.log(f"{type(exc).__name__} in a callback: {exc}")
+                    self.loop.drop(fd)
+            for task in [t for t in self.tasks.values() if t.pidfd is None and not t.alive()]:
+                task.end()
+            if self.ever and not self.tasks:
+                return  # every task it watched has ended
+            if not self.ever and time.monotonic() - self.started > FIRST_TASK_WAIT:
+                return
+
+
 class _PmiRelay:
     """The rank's PMI_FD (`down`) joined to SLURM's stepd (`up`), line by line: a ``cmd=init``
     from the rank is answered here with the stepd's answer to distenv's own init (`init`);
     everything else goes on, one line at a time (the stepd reads a command per read)."""
 
-    def __init__(self, main: _Main, up: socket.socket, down: socket.socket, init: str) -> None:
-        import selectors
-
-        self.main, self.up, self.down, self.init = main, up, down, init.strip() + "\n"
+    def __init__(self, main: _Main, up: Any, down: Any) -> None:
+        self.main, self.up, self.down = main, up, down
+        self.init = ""
         self.buf = b""
         self.finalized = False
         self.open = True
-        main.sel.register(down, selectors.EVENT_READ, self._from_rank)
-        main.sel.register(up, selectors.EVENT_READ, self._from_stepd)
 
-    def _from_rank(self, _sock: Any) -> None:
+    def go(self, init: str) -> None:
+        self.init = init.strip() + "\n" if init.strip() else ""
+        self.main.loop.add(self.down.fileno(), self._from_rank)
+        self.main.loop.add(self.up.fileno(), self._from_stepd)
+
+    def _from_rank(self) -> None:
         try:
             data = self.down.recv(65536)
         except OSError:
@@ -425,7 +589,7 @@ class _PmiRelay:
         while b"\n" in self.buf:
             line, _, self.buf = self.buf.partition(b"\n")
             words = line.split()
-            if words[:1] == [b"cmd=init"]:
+            if words[:1] == [b"cmd=init"] and self.init:
                 self.main.log("answered a later cmd=init itself")
                 self.down.sendall(self.init.encode())
                 continue
@@ -435,13 +599,13 @@ class _PmiRelay:
         if len(self.buf) > MAX_LINE:  # not PMI-1: stop relaying rather than buffer it all
             self._close_down()
 
-    def _from_stepd(self, _sock: Any) -> None:
+    def _from_stepd(self) -> None:
         try:
             data = self.up.recv(65536)
         except OSError:
             data = b""
         if not data:  # the stepd closed it (after a finalize): so does the rank's end
-            self.main.sel.unregister(self.up)
+            self.main.loop.drop(self.up.fileno())
             self._close_down()
             self.open = False
             return
@@ -451,15 +615,14 @@ class _PmiRelay:
             pass
 
     def _close_down(self) -> None:
-        try:
-            self.main.sel.unregister(self.down)
-        except (KeyError, ValueError):
-            pass
-        self.down.close()
+        if self.down.fileno() >= 0:
+            self.main.loop.drop(self.down.fileno())
+            self.down.close()
 
     def end(self) -> None:
         self._close_down()
         if self.open and not self.finalized:
+            self.main.loop.drop(self.up.fileno())
             _finalize(self.up)
         else:
             self.up.close()
@@ -470,22 +633,21 @@ class _PmixRelay:
     user's, at most `cap`) is joined to the server, whose end is held after the query process
     closes its own until the task ends; a connection that never carried a byte is closed."""
 
-    def __init__(self, main: _Main, listener: socket.socket, server: "tuple[int, str, int]",
-                 cap: int, uid: int) -> None:
-        import selectors
-
+    def __init__(self, main: _Main, listener: Any, server: "tuple[int, str, int]", cap: int,
+                 uid: int) -> None:
         self.main, self.listener, self.server, self.cap, self.uid = main, listener, server, cap, uid
         self.accepted = 0
         self.pairs: "list[list[Any]]" = []  # [client, upstream, used]
-        main.sel.register(listener, selectors.EVENT_READ, self._accept)
+        main.loop.add(listener.fileno(), self._accept)
 
-    def _accept(self, _sock: Any) -> None:
-        import selectors
+    def _accept(self) -> None:
+        import _socket
 
         try:
-            client, peer = self.listener.accept()
+            fd, peer = self.listener._accept()
         except OSError:
             return
+        client = _sock(fd)
         local = client.getsockname()
         owner = tcp_owner((peer[0], peer[1]), (local[0], local[1]))
         if owner != self.uid or self.accepted >= self.cap:
@@ -496,16 +658,19 @@ class _PmixRelay:
         if self.accepted >= self.cap:
             self.stop()
         family, host, port = self.server
+        up = _socket.socket(family, _socket.SOCK_STREAM)
         try:
-            up = socket.create_connection((host, port), timeout=30)
+            up.settimeout(30)
+            up.connect((host, port))
             up.settimeout(None)
         except OSError:
+            up.close()
             client.close()  # the query process sees the server unreachable, as without us
             return
         pair = [client, up, False]
         self.pairs.append(pair)
-        self.main.sel.register(client, selectors.EVENT_READ, lambda s, p=pair: self._pump(p, 0))
-        self.main.sel.register(up, selectors.EVENT_READ, lambda s, p=pair: self._pump(p, 1))
+        self.main.loop.add(client.fileno(), lambda p=pair: self._pump(p, 0))
+        self.main.loop.add(up.fileno(), lambda p=pair: self._pump(p, 1))
 
     def _pump(self, pair: "list[Any]", side: int) -> None:
         src, dst = pair[side], pair[1 - side]
@@ -523,62 +688,50 @@ class _PmixRelay:
                 except OSError:
                     pass
             return
-        self.main.sel.unregister(src)
+        self.main.loop.drop(src.fileno())
         if side == 1:  # the server closed: nothing left to hold
             src.close()
             if pair[0] is not None:
-                try:
-                    self.main.sel.unregister(pair[0])
-                except (KeyError, ValueError):
-                    pass
+                self.main.loop.drop(pair[0].fileno())
                 pair[0].close()
             pair[0] = pair[1] = None
             return
         src.close()  # the query process is done with it
         pair[0] = None
-        if not pair[2]:  # never used: nothing to hold
-            self.main.sel.unregister(pair[1])
+        if not pair[2] and pair[1] is not None:  # never used: nothing to hold
+            self.main.loop.drop(pair[1].fileno())
             pair[1].close()
             pair[1] = None
         # else: the server's end stays registered (drained) until the task ends
 
     def stop(self, drop: bool = False) -> None:
-        try:
-            self.main.sel.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
-        self.listener.close()
+        if self.listener.fileno() >= 0:
+            self.main.loop.drop(self.listener.fileno())
+            self.listener.close()
         if drop:
             for pair in self.pairs:
                 for i in (0, 1):
                     if pair[i] is not None:
-                        try:
-                            self.main.sel.unregister(pair[i])
-                        except (KeyError, ValueError):
-                            pass
+                        self.main.loop.drop(pair[i].fileno())
                         pair[i].close()
                         pair[i] = None
 
 
 class _Claim:
-    """The task's claim on the service: answers this user's processes of the same task."""
+    """The task's claim on a service: answers this user's processes of the same task."""
 
-    def __init__(self, main: _Main, listener: socket.socket, answer: str, task: int) -> None:
-        import selectors
-
+    def __init__(self, main: _Main, listener: Any, answer: str, task: int) -> None:
         self.main, self.listener, self.answer, self.task = main, listener, answer, task
-        main.sel.register(listener, selectors.EVENT_READ, self._accept)
+        main.loop.add(listener.fileno(), self._accept)
 
-    def _accept(self, _sock: Any) -> None:
-        import struct
-
+    def _accept(self) -> None:
         try:
-            client, _ = self.listener.accept()
+            fd, _ = self.listener._accept()
         except OSError:
             return
+        client = _sock(fd)
         try:
-            raw = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            pid, uid, _gid = struct.unpack("3i", raw)
+            pid, uid = _peer(client)
             if uid == os.getuid() and descends(pid, self.task):
                 client.settimeout(2.0)
                 client.sendall(self.answer.encode() + b"\n")
@@ -590,24 +743,25 @@ class _Claim:
             client.close()
 
     def close(self) -> None:
-        try:
-            self.main.sel.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
-        self.listener.close()
+        if self.listener.fileno() >= 0:
+            self.main.loop.drop(self.listener.fileno())
+            self.listener.close()
 
 
 def _main(argv: "list[str]") -> None:
-    ctrl_fd = int(argv[1])
-    if os.fork() != 0:  # the first process ends at once (see `start`)
+    keep, guard = int(argv[1]), int(argv[2])
+    os.closerange(3, keep)  # posix_spawn passed every inheritable descriptor of the rank
+    os.closerange(keep + 1, 1 << 16)
+    if os.fork() != 0:  # the first process ends at once (see `_spawn`)
         os._exit(0)
     os.setsid()
-    ctrl = socket.socket(fileno=ctrl_fd)
-    main = _Main(ctrl)
+    main = _Main(_sock(keep), guard)
     try:
         main.run()
     except BaseException as exc:  # noqa: BLE001 - nobody to report to but the log
         main.log(f"failed: {type(exc).__name__}: {exc}")
+    for task in list(main.tasks.values()):
+        task.end()
     os._exit(0)
 
 

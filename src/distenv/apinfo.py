@@ -33,7 +33,7 @@ the same). Anything else -- another version, a file shorter than its header says
 outside the file, a node index out of range, an empty host name, more than `MAX_BYTES` -- is
 `ApinfoUnreadable`, and discovery leaves the fields unknown with that note; nothing here
 raises anything else. Checked against this process: the file must place `PALS_RANKID` (this
-rank) on a node named as this host is (`gethostname()`, or its short name), else it describes
+rank) on a node named as this host is (`os.uname()`, or its short name), else it describes
 some other job (`ApinfoError`, a contradiction, with a Fix).
 
 Never called by `resolve()` (it is I/O): `distenv.discovery` calls `read` where
@@ -42,6 +42,7 @@ communication is about to happen.
 
 from __future__ import annotations
 
+import os
 import struct
 
 from .errors import DistEnvError
@@ -142,8 +143,6 @@ def offer(environ: "Mapping[str, str]") -> "tuple[str | None, str]":
 def read(path: str, rank: "int | None" = None, host: "str | None" = None) -> Layout:
     """The layout in the file at `path`, checked to place `rank` (this process's) on a node
     named as `host` (default: this host). `ApinfoError` otherwise."""
-    import socket
-
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_BYTES + 1)
@@ -157,7 +156,9 @@ def read(path: str, rank: "int | None" = None, host: "str | None" = None) -> Lay
             raise ApinfoError(f"the apinfo file lists {len(layout.hosts)} ranks but this is rank "
                               f"{rank}: it is not this job's. Fix: do not copy PALS_* variables "
                               "between jobs.")
-        host = socket.gethostname() if host is None else host
+        # os.uname() is what gethostname() returns on Linux, without importing socket (a
+        # rank that reads the apinfo may need no socket at all)
+        host = os.uname().nodename if host is None else host
         placed = layout.hosts[rank]
         if not _same_host(placed, host):
             raise ApinfoError(f"the apinfo file places rank {rank} on {placed}, but it runs on "

@@ -112,6 +112,12 @@ class Later:
         self.fn, self.args = fn, args
 
 
+def unsettled(env: "DistEnv") -> "dict[str, Any]":
+    """A copy of `env`'s fields as stored: `rank_hosts` may still be a `Later` (not computed:
+    a copy that replaces it, as discovery does, never pays for it). For `DistEnv(...)`."""
+    return dict(env._values)
+
+
 def _settle(values: "dict[str, Any]", provenance: "dict[str, str]", name: str) -> Any:
     value = values[name]
     if value.__class__ is Later:

@@ -277,7 +277,47 @@ _done: "tuple[int, Exchange] | None" = None   # (pid, Exchange): one exchange pe
 _generation = 0
 
 
-def _hold(sock: socket.socket, found: Offer, init: str) -> None:
+class _Held:
+    """What the holder was given before the exchange: the connection to it, and under SLURM's
+    stepd the rank's end of the relay (to become PMI_FD after the exchange)."""
+
+    __slots__ = ("holder", "mine", "error")
+
+    def __init__(self, holder: Any = None, mine: "socket.socket | None" = None,
+                 error: "Exception | None" = None) -> None:
+        self.holder, self.mine, self.error = holder, mine, error
+
+
+def _holder_for(found: Offer) -> _Held:
+    """This task's holder (`distenv._holder`: shared by the daemon's ranks on this node),
+    reached before the exchange so that it overlaps the wait at the barriers; under SLURM's
+    stepd it takes the relay now, paused until `_hold` (one message after the exchange, not a
+    round trip: 64 ranks on 2 cores waited up to 180 ms for theirs)."""
+    from . import _holder
+
+    chain = found.chain
+    try:
+        holder = _holder.for_task(chain.task if chain else os.getpid(),
+                                  chain.task_start if chain else _holder.start_time(os.getpid()),
+                                  chain.daemon_id if chain else None)
+        if found.server != "SLURM" or found.mode != "fd":
+            return _Held(holder)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        up = os.dup(found.fd)  # type: ignore[arg-type]  # "fd": fd set (offer())
+        try:
+            holder.ask("pmi_relay", fds=[up, theirs.fileno()])
+        except _holder.HolderError:
+            mine.close()
+            raise
+        finally:
+            os.close(up)
+            theirs.close()
+        return _Held(holder, mine)
+    except (_holder.HolderError, OSError) as exc:
+        return _Held(error=exc)
+
+
+def _hold(sock: socket.socket, found: Offer, init: str, held: "_Held | None" = None) -> None:
     """After the exchange: the connection goes to the holder (`distenv._holder`), which keeps
     it until the task ends and then sends ``finalize`` -- however the task ends: return,
     ``os._exit``, an ``exec`` and the new program's exit. Measured: with -pmi-port (MPICH 4, 5)
@@ -293,24 +333,21 @@ def _hold(sock: socket.socket, found: Offer, init: str) -> None:
     """
     from . import _holder
 
-    chain = found.chain
+    held = _holder_for(found) if held is None else held
     try:
-        holder = _holder.for_task(chain.task if chain else os.getpid(),
-                                  chain.task_start if chain else _holder.start_time(os.getpid()))
-        if found.server == "SLURM" and found.mode == "fd":
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                holder.ask("pmi_relay", fds=[sock.fileno(), theirs.fileno()], init=init)
-                # the relay takes PMI_FD's number: MPI_Init (here, or in a program this one
-                # execs or starts) speaks to it as it would to the stepd
-                os.dup2(mine.fileno(), found.fd, inheritable=True)  # type: ignore[arg-type]  # "fd": fd set
-            finally:
-                mine.close()
-                theirs.close()
+        if held.error is not None:
+            raise held.error
+        if held.mine is not None:
+            # the relay takes PMI_FD's number: MPI_Init (here, or in a program this one execs
+            # or starts) speaks to it as it would to the stepd
+            os.dup2(held.mine.fileno(), found.fd, inheritable=True)  # type: ignore[arg-type]  # "fd": fd set
+            held.mine.close()
+            held.holder.tell("pmi_go", init=init)
+            sock.close()
         else:
-            holder.ask("finalize", fds=[sock.fileno()])
-        sock.close()
-    except _holder.HolderError as exc:
+            held.holder.tell("finalize", fds=[sock.fileno()])
+            sock.close()
+    except (_holder.HolderError, OSError) as exc:
         from .log import get_logger
 
         _kept.append(sock)
@@ -394,6 +431,7 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
     found, timeout = begin(environ, found, timeout, offer, PMIError, "key-value service")
     start = time.monotonic()
     deadline = start + timeout
+    held = _holder_for(found)
     host = _check_value(socket.gethostname())
     sock: "socket.socket | None"
     flags: "int | None"
@@ -460,17 +498,17 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
                     "MASTER_ADDR to skip the exchange.") from None
             hosts, port = _read_summary(conn, kvs, summary, size)
     except PMIError:
-        _release(sock, found, flags, init)
+        _release(sock, found, flags, init, held)
         raise
     except (OSError, ValueError, KeyError) as exc:
-        _release(sock, found, flags, init)
+        _release(sock, found, flags, init, held)
         if isinstance(exc, (socket.timeout, TimeoutError)):
             raise PMIError(f"the launcher's key-value service did not answer within {timeout:g} s "
                            f"({found.why}). Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, "
                            "or set MASTER_ADDR.") from None
         raise PMIError(f"the key-value exchange with the launcher failed ({found.why}): "
                        f"{exc}. Fix: set MASTER_ADDR (and NODE_RANK) instead.") from None
-    _release(sock, found, flags, init)
+    _release(sock, found, flags, init, held)
     result = Exchange(rank, size, hosts, found.mode, time.monotonic() - start, found.why, kvs,
                       port, found.server)
     _done = (os.getpid(), result)
@@ -668,7 +706,8 @@ def _read_summary(conn: _Conn, kvs: str, summary: str, size: int) -> "tuple[list
     return decode(text, size)
 
 
-def _release(sock: "socket.socket | None", found: Offer, flags: "int | None", init: str) -> None:
+def _release(sock: "socket.socket | None", found: Offer, flags: "int | None", init: str,
+             held: "_Held | None" = None) -> None:
     """After the exchange (or its failure): PMI_FD gets its blocking mode back, and the holder
     takes the connection (`_hold`) to send ``finalize`` when the task ends, so the rank's own
     exit status -- not a dropped connection, nor a missing ``finalize`` -- tells the launcher
@@ -681,7 +720,7 @@ def _release(sock: "socket.socket | None", found: Offer, flags: "int | None", in
         except OSError:
             pass
     if sock is not None:
-        _hold(sock, found, init)
+        _hold(sock, found, init, held)
 
 
 def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout: float) -> str:

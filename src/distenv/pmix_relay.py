@@ -83,9 +83,11 @@ class Relay:
         task = chain.task if chain is not None else os.getpid()
         task_start = chain.task_start if chain is not None else _holder.start_time(task)
         try:
-            self.holder = _holder.for_task(task, task_start)
-            self.holder.ask("pmix_relay", fds=[self.listener.fileno()],
-                            server=[family, host, port], max=MAX_CONNECTIONS, uid=os.getuid())
+            self.holder = _holder.for_task(task, task_start,
+                                           chain.daemon_id if chain is not None else None)
+            got = self.holder.ask("pmix_relay", fds=[self.listener.fileno()], family=family,
+                                  host=host, port=port, max=MAX_CONNECTIONS, uid=os.getuid())
+            self.id = int(got["id"])
         finally:
             self.listener.close()  # the holder listens now
 
@@ -95,7 +97,7 @@ class Relay:
         from . import _holder
 
         try:
-            self.holder.ask("pmix_done", drop=drop)
+            self.holder.ask("pmix_done", id=self.id, drop=drop)
         except _holder.HolderError:
             pass
 

@@ -19,6 +19,7 @@ from distenv.discovery import chain as chains
 from distenv.discovery.chain import Chain, walk
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+ME = (os.getpid(), _holder.start_time(os.getpid()))
 
 
 def run_py(code: str, **kwargs) -> subprocess.CompletedProcess:
@@ -116,9 +117,10 @@ def test_the_stepd_relay_answers_a_later_init_and_passes_the_rest():
     task = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
                             stdin=subprocess.PIPE)
     try:
-        h = _holder.start(task.pid, _holder.start_time(task.pid))
-        h.ask("pmi_relay", fds=[up.fileno(), down.fileno()],
-              init="cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
+        # this process plays the launcher's daemon: the task is its child
+        h = _holder.start(task.pid, _holder.start_time(task.pid), daemon=ME)
+        h.ask("pmi_relay", fds=[up.fileno(), down.fileno()])  # before the exchange: paused
+        h.ask("pmi_go", init="cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
         up.close()
         down.close()
         rank.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
@@ -143,8 +145,10 @@ def test_a_finalize_from_the_rank_is_passed_on_and_not_repeated():
     task = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
                             stdin=subprocess.PIPE)
     try:
-        h = _holder.start(task.pid, _holder.start_time(task.pid))
-        h.ask("pmi_relay", fds=[up.fileno(), down.fileno()], init="cmd=response_to_init rc=0")
+        # this process plays the launcher's daemon: the task is its child
+        h = _holder.start(task.pid, _holder.start_time(task.pid), daemon=ME)
+        h.ask("pmi_relay", fds=[up.fileno(), down.fileno()])
+        h.tell("pmi_go", init="cmd=response_to_init rc=0")  # as the rank does: no answer
         up.close()
         down.close()
         rank.sendall(b"cmd=finalize\n")
@@ -176,9 +180,9 @@ def relay_to(server: socket.socket, cap: int = 2):
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     h = _holder.start(os.getpid(), _holder.start_time(os.getpid()))
-    h.ask("pmix_relay", fds=[listener.fileno()], server=[socket.AF_INET, "127.0.0.1",
-                                                         server.getsockname()[1]],
-          max=cap, uid=os.getuid())
+    got = h.ask("pmix_relay", fds=[listener.fileno()], family=socket.AF_INET, host="127.0.0.1",
+                port=server.getsockname()[1], max=cap, uid=os.getuid())
+    h.relay_id = int(got["id"])
     port = listener.getsockname()[1]
     listener.close()
     return h, port
@@ -219,7 +223,7 @@ def test_another_users_connection_never_reaches_the_server(server):
         mine.sendall(b"ok")
         assert up.recv(2) == b"ok"
     finally:
-        h.ask("pmix_done", drop=True)
+        h.ask("pmix_done", id=h.relay_id, drop=True)
         h.close()
 
 
@@ -244,7 +248,7 @@ def test_at_most_the_cap_and_unused_connections_are_not_held(server):
         second.sendall(b"used")
         assert up2.recv(4) == b"used"
     finally:
-        h.ask("pmix_done", drop=True)
+        h.ask("pmix_done", id=h.relay_id, drop=True)
         h.close()
 
 
@@ -292,7 +296,7 @@ def test_a_later_program_of_the_task_gets_the_first_ones_answer():
     assert chains.take_claim("test-claim", chain) is None  # taken: one asker per task
     h = _holder.start(me, _holder.start_time(me))
     try:
-        h.ask("claim", fds=[claim.fileno()], answer='{"said": 1}', task=me)
+        h.ask("claim", fds=[claim.fileno()], answer='{"said": 1}')
         claim.close()
         code = ("import sys; sys.path.insert(0, sys.argv[1]); "
                 "from distenv.discovery import chain as c; from distenv import _holder; "
@@ -310,3 +314,67 @@ def test_a_later_program_of_the_task_gets_the_first_ones_answer():
             assert os.waitstatus_to_exitcode(status) == 0
     finally:
         h.close()
+
+
+def test_the_ranks_of_one_daemon_on_a_node_share_one_holder():
+    """Starting an interpreter per rank cost a second at 64 ranks on 2 cores: the ranks a
+    daemon started on a node register with one holder, the first to come starts it, and it
+    ends when the last of their tasks has ended."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        from distenv import _holder
+        h = _holder.start(os.getpid(), _holder.start_time(os.getpid()), daemon={ME!r})
+        print(h.pid, flush=True)
+        sys.stdin.readline()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC)}
+    ranks = [subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        holders = {int(r.stdout.readline()) for r in ranks}
+        assert len(holders) == 1, holders
+        (holder,) = holders
+        for r in ranks[:3]:
+            r.stdin.close()
+            r.wait(10)
+        time.sleep(0.3)
+        assert os.path.exists(f"/proc/{holder}")  # one task left: still held
+        ranks[3].stdin.close()
+        ranks[3].wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{holder}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{holder}")  # the last task ended: so did it
+    finally:
+        for r in ranks:
+            r.kill()
+            r.wait()
+
+
+def test_a_process_outside_its_daemons_tree_is_refused(tmp_path):
+    """The holder serves this user's descendants of its daemon: this test process is the
+    daemon's parent, not its descendant, so the holder it starts closes on it unanswered (the
+    log says so), and no task of it is ever watched."""
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    log = tmp_path / "holder.log"
+    os.environ["DISTENV_HOLDER_LOG"] = str(log)
+    try:
+        ident = (daemon.pid, _holder.start_time(daemon.pid))
+        with pytest.raises(_holder.HolderError, match="no holder answered"):
+            _holder.start(os.getpid(), _holder.start_time(os.getpid()), timeout=2, daemon=ident)
+        text = log.read_text()
+        assert f"refused process {os.getpid()}" in text and "watching" not in text, text
+    finally:
+        del os.environ["DISTENV_HOLDER_LOG"]
+        daemon.kill()
+        daemon.wait()
+
+
+def test_the_services_look_for_the_clients_own_hand_off_variables():
+    """discovery.services checks DISTENV_PMI_HELD / DISTENV_PMIX_HELD before importing a
+    client (import costs a rank milliseconds): the names must be the clients' own."""
+    from distenv import pmi, pmix
+    from distenv.discovery import services
+
+    text = open(services.__file__).read()
+    assert f'"{pmi.HELD_VAR}" not in environ' in text and f'"{pmix.HELD_VAR}" not in environ' in text

@@ -27,7 +27,7 @@ holder instead of asking again (the claim).
 
 from __future__ import annotations
 
-from ..description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note
+from ..description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note, unsettled
 from ..errors import DistEnvError
 from .apply import STALE, Answer, apply, from_hostnames
 
@@ -46,6 +46,19 @@ PMI_WHY = "PMI-1 key-value exchange"
 PMIX_WHY = "PMIx placement"
 #: What `discover` accepts as `method`.
 METHODS = ("auto", "apinfo", "pmix", "pmi", "mpi4py")
+
+
+def _debug(text: str) -> None:
+    """A debug line on the ``distenv`` logger -- without importing `logging` (milliseconds a
+    rank) unless the program already did or DISTENV_LOG_LEVEL=debug asks for it: otherwise
+    no handler could show it."""
+    import os
+    import sys
+
+    if "logging" in sys.modules or os.environ.get("DISTENV_LOG_LEVEL", "").strip().lower() == "debug":
+        from ..log import get_logger
+
+        get_logger(__name__).debug(text)
 
 
 def _mpi_ready() -> Any:
@@ -95,11 +108,11 @@ def _ask(svc: "Service", environ: "Mapping[str, str]", found: Any, timeout: "flo
     """`svc` asked once for this task: a program started through a job script first takes
     the task's claim (or gets the answer an earlier program of the task got), and its holder
     keeps the answer for the next ones."""
-    from . import chain as chains
-
     chain = getattr(found, "chain", None)
     if chain is None or not chain.wrapped:
         return svc.ask(environ, found, timeout, env)
+    from . import chain as chains
+
     from ..knobs import timeout as wait
 
     seconds = wait(environ, timeout)
@@ -123,11 +136,10 @@ def _ask(svc: "Service", environ: "Mapping[str, str]", found: Any, timeout: "flo
         from .. import _holder
 
         try:
-            holder = _holder.for_task(chain.task, chain.task_start)
+            holder = _holder.for_task(chain.task, chain.task_start, chain.daemon_id)
             import os
 
-            holder.ask("claim", fds=[claim.fileno()], answer=ans.to_json(os.getpid()),
-                       task=chain.task)
+            holder.ask("claim", fds=[claim.fileno()], answer=ans.to_json(os.getpid()))
         except _holder.HolderError as exc:
             from ..log import get_logger
 
@@ -152,9 +164,6 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
     """(`env` completed by the first service offered here, or None; why the others were not
     asked). Not `strict`: a service that turns out unusable here (`Service.soft`) is noted and
     the next one tried; anything else it raises is raised."""
-    from ..log import get_logger
-
-    log = get_logger(__name__)
     svcs = _services(env, only)
     for svc in svcs:  # this same process asked before it exec'ed (distenv run)
         earlier = svc.inherited(environ)
@@ -167,12 +176,12 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
     for svc in svcs:
         refused = source.refuses(svc.name, environ) if svc.present(environ) else ""
         if refused:
-            log.debug(f"discovery: {svc.name} not asked: {refused}")
+            _debug(f"discovery: {svc.name} not asked: {refused}")
             declined.append(Declined(refused, svc.name, True))
             continue
         found, why_not = svc.offer(environ)
         if found is None:
-            log.debug(f"discovery: {svc.name} not asked: {why_not}")
+            _debug(f"discovery: {svc.name} not asked: {why_not}")
             declined.append(Declined(why_not, svc.name, svc.present(environ)))
             continue
         try:
@@ -180,8 +189,10 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
         except Exception as exc:
             if strict or not svc.soft(exc):
                 raise
-            log.warning(f"discovery: the launcher's {svc.name} service cannot fill the unknown "
-                        f"fields: {exc}")
+            from ..log import get_logger
+
+            get_logger(__name__).warning(f"discovery: the launcher's {svc.name} service cannot "
+                                         f"fill the unknown fields: {exc}")
             declined.append(Declined(str(exc), svc.name))
             continue
         return apply(env, ans), declined
@@ -211,9 +222,10 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]") 
     text += "" if "Fix:" in text else ". Fix: set MASTER_ADDR (and NODE_RANK) for every rank"
 
     notes = [n for n in env.notes if getattr(n, "kind", None) != UNKNOWN]
-    rebuilt = unknown_note(env.to_dict(), source_of(env.launcher).title or str(env.launcher),
+    values = unsettled(env)
+    rebuilt = unknown_note(values, source_of(env.launcher).title or str(env.launcher),
                            env.launch == PER_NODE, asked=True)
-    return DistEnv(env.to_dict(), env.provenance,
+    return DistEnv(values, env.provenance,
                    [*notes, *([rebuilt] if rebuilt else []), Note(text, about=fields, kind=DECLINED)])
 
 

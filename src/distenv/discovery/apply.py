@@ -11,7 +11,7 @@ A note about a field it fills is dropped (`Note.about`).
 
 from __future__ import annotations
 
-from ..description import DEFAULT, DERIVED, FIELDS, PER_NODE, UNKNOWN, DistEnv, about, kind_of
+from ..description import DEFAULT, DERIVED, PER_NODE, UNKNOWN, DistEnv, about, kind_of, unsettled
 from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -78,7 +78,7 @@ class Answer:
 def with_values(env: DistEnv, changes: "Mapping[str, object]", why: str) -> DistEnv:
     """`env` with `changes` (None values skipped), each with provenance `why`; the notes
     about a field this fills go (`settled`)."""
-    values = {f: getattr(env, f) for f in FIELDS}
+    values = unsettled(env)  # a rank_hosts still to compute is replaced or carried, not computed
     provenance = dict(env.provenance)
     filled = set()
     for name, value in changes.items():

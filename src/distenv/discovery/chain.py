@@ -72,6 +72,12 @@ class Chain:
         self.task, self.task_start, self.between = task, task_start, between
 
     @property
+    def daemon_id(self) -> "tuple[int, int | None]":
+        """The daemon's identity (pid, start time): the ranks it started on this node share
+        one holder (`distenv._holder`)."""
+        return self.daemon, start_time(self.daemon)
+
+    @property
     def wrapped(self) -> bool:
         """True when the launcher started another program that runs this one (a job script)."""
         return self.task != os.getpid()

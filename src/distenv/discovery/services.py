@@ -131,6 +131,8 @@ class Pmix(Service):
                       one_per_node="mpirun --map-by ppr:1:node, srun --ntasks-per-node=1")
 
     def inherited(self, environ: "Mapping[str, str]") -> "Answer | None":
+        if "DISTENV_PMIX_HELD" not in environ:  # pmix.HELD_VAR, without importing pmix
+            return None
         from .. import pmix
 
         got = pmix.inherited(environ)
@@ -171,6 +173,8 @@ class Pmi(Service):
                       one_per_node="mpiexec -ppn 1, srun --ntasks-per-node=1")
 
     def inherited(self, environ: "Mapping[str, str]") -> "Answer | None":
+        if "DISTENV_PMI_HELD" not in environ:  # pmi.HELD_VAR, without importing pmi
+            return None
         from .. import pmi
 
         ex = pmi.inherited(environ)

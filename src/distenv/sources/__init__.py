@@ -290,8 +290,12 @@ def prefixes(family_name: "str | None" = None) -> "tuple[str, ...]":
 
 
 def find(name: str) -> "Entry | None":
-    for entry in LAUNCHERS + [NONE]:
-        if name == entry.name or name in entry.load().aliases:
+    entries = LAUNCHERS + [NONE]
+    for entry in entries:  # by name first: loads no source module
+        if name == entry.name:
+            return entry
+    for entry in entries:
+        if name in entry.load().aliases:
             return entry
     return None
 
