@@ -156,15 +156,19 @@ def read(path: str, rank: "int | None" = None, host: "str | None" = None) -> Lay
             raise ApinfoError(f"the apinfo file lists {len(layout.hosts)} ranks but this is rank "
                               f"{rank}: it is not this job's. Fix: do not copy PALS_* variables "
                               "between jobs.")
-        # os.uname() is what gethostname() returns on Linux, without importing socket (a
-        # rank that reads the apinfo may need no socket at all)
-        host = os.uname().nodename if host is None else host
+        host = hostname() if host is None else host
         placed = layout.hosts[rank]
         if not _same_host(placed, host):
             raise ApinfoError(f"the apinfo file places rank {rank} on {placed}, but it runs on "
                               f"{host}: it is not this job's. Fix: do not copy PALS_* variables "
                               "between jobs.")
     return layout
+
+
+def hostname() -> str:
+    """This host's name: os.uname()'s, which is what socket.gethostname() returns on Linux,
+    without importing socket (a rank that reads the apinfo may need no socket at all)."""
+    return os.uname().nodename
 
 
 def _same_host(a: str, b: str) -> bool:

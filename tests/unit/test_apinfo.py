@@ -151,7 +151,7 @@ def test_discovery_fills_what_slurms_variables_cannot(tmp_path, monkeypatch, ran
     path.write_bytes(ARBITRARY)
     environ = cray_env(rank, str(path))
     hosts = ["node2", "node1", "node1", "node2"]
-    monkeypatch.setattr("socket.gethostname", lambda: hosts[rank])
+    monkeypatch.setattr(apinfo, "hostname", lambda: hosts[rank])
     env = resolve(environ)
     assert env.launcher == "slurm" and env.master_addr is None and env.node_rank is None
     got = complete(env, need=("master_addr", "node_rank"), environ=environ)
@@ -167,7 +167,7 @@ def test_an_unreadable_file_leaves_the_fields_unknown_with_a_note(tmp_path, monk
     path = tmp_path / "apinfo"
     path.write_bytes(with_header(ARBITRARY, version=3))
     environ = cray_env(0, str(path))
-    monkeypatch.setattr("socket.gethostname", lambda: "node2")
+    monkeypatch.setattr(apinfo, "hostname", lambda: "node2")
     env = resolve(environ)
     with caplog.at_level("WARNING", logger="distenv"):
         got = complete(env, need=("master_addr",), environ=environ)
