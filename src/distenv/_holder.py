@@ -446,7 +446,8 @@ class _Main:
             conn.close()
             return
         self.sessions[conn.fileno()] = [conn, b"", None]
-        self.loop.add(conn.fileno(), lambda fd=conn.fileno(): self._on_session(fd))
+        fd = conn.fileno()
+        self.loop.add(fd, lambda: self._on_session(fd))
 
     def _on_session(self, fd: int) -> None:
         session = self.sessions[fd]
@@ -667,10 +668,10 @@ class _PmixRelay:
             up.close()
             client.close()  # the query process sees the server unreachable, as without us
             return
-        pair = [client, up, False]
+        pair: "list[Any]" = [client, up, False]
         self.pairs.append(pair)
-        self.main.loop.add(client.fileno(), lambda p=pair: self._pump(p, 0))
-        self.main.loop.add(up.fileno(), lambda p=pair: self._pump(p, 1))
+        self.main.loop.add(client.fileno(), lambda: self._pump(pair, 0))
+        self.main.loop.add(up.fileno(), lambda: self._pump(pair, 1))
 
     def _pump(self, pair: "list[Any]", side: int) -> None:
         src, dst = pair[side], pair[1 - side]
