@@ -117,13 +117,14 @@ def fault_mode(drop: int, timeout: str) -> None:
     from distenv import DistEnvError
     from distenv.discovery import complete
 
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     try:
         env = complete(need=("master_addr",))
         record = {"rank": rank, "error": None, "master_addr": env.master_addr}
     except DistEnvError as exc:
         record = {"rank": rank, "error": str(exc)}
     record["elapsed"] = time.monotonic() - t0
+    record["cpu"] = time.process_time() - cpu0  # this process's CPU while it waited
     emit(record)
     time.sleep(2)  # the others print too before this rank's exit can end the job
 

@@ -211,15 +211,18 @@ def test_a_rank_that_never_comes_is_named_within_the_timeout(need, tmp_path, mod
     only once all its ranks came (measured), so rank 0 can name rank 1 alone, and the ranks
     of node1 name node2's ranks {0, 1} as the set one of which never came."""
     lay = need(layout("mpich4", mode))
-    timeout = 8
+    timeout = 20  # DISTENV_TIMEOUT (issue 30: the fault test of discovery itself)
     records, result = ranks_of(lay, [harness.PY, PROBE, "fault", "1", str(timeout)],
                                timeout=120, check=False)
     assert [r["rank"] for r in records] == [0, 2, 3], harness.describe_failure(lay, result)
     for r in records:
-        assert r["error"] is not None, r
+        assert r["error"] is not None and "\n" not in r["error"], r  # one line
         assert f"timed out after {timeout} s on rank {r['rank']}" in r["error"], r
         assert r["elapsed"] <= timeout + 0.5, r
         assert r["elapsed"] >= timeout * 0.7, r  # it did wait for the others
+        # waiting in the barrier costs no CPU (a socket wait, not a poll loop); the bound is
+        # 5% of the wait, imports and the exchange's own work included
+        assert r["cpu"] < 1.0, r
     by_rank = {r["rank"]: r for r in records}
     assert "rank 1 never reached it" in by_rank[0]["error"], by_rank[0]
     for rank in (2, 3):
