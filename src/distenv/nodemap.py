@@ -178,7 +178,8 @@ def _placed(env: "DistEnv", rank_hosts: "Sequence[str]") -> "tuple[list[Node], s
         ranks.setdefault(name, []).append(rank)
     order = list(ranks)
     if env.hosts is not None:
-        extra = [h for h in order if h not in env.hosts]
+        known = set(env.hosts)  # a set: 50 000 ranks on thousands of hosts stay linear
+        extra = [h for h in order if h not in known]
         if extra or len(env.hosts) != len(order):
             raise DistEnvError(
                 f"the ranks run on {_few(order)} ({why}) but hosts is {_few(env.hosts)} "
@@ -189,7 +190,7 @@ def _placed(env: "DistEnv", rank_hosts: "Sequence[str]") -> "tuple[list[Node], s
                            f"{env.num_nodes} ({env.provenance.get('num_nodes')}). " + _STALE)
     nodes = [Node(i, name, tuple(ranks[name]), len(ranks[name])) for i, name in enumerate(order)]
     if env.rank is not None and env.rank < len(rank_hosts):
-        mine = next(n for n in nodes if n.ranks is not None and env.rank in n.ranks)
+        mine = nodes[order.index(rank_hosts[env.rank])]
         for field, known, found in (("node_rank", env.node_rank, mine.node_rank),
                                     ("local_world_size", env.local_world_size, mine.local)):
             if known is not None and known != found:

@@ -58,6 +58,7 @@ def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list
     """Hosts in file order with their slot counts (None where the file gives none)."""
     hosts: "list[str]" = []
     counts: "list[int | None]" = []
+    seen: "dict[str, int]" = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -79,10 +80,11 @@ def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list
         if count == 0:
             raise DistEnvError(f"{name} line {lineno}: {line!r} gives no slot. Fix: give every "
                                "host at least one slot (host:N with N >= 1), or leave it out.")
-        if host in hosts:  # PBS_NODEFILE style: one line per slot
-            i = hosts.index(host)
+        i = seen.get(host)  # a dict, not list membership: a 50 000-line node file stays linear
+        if i is not None:  # PBS_NODEFILE style: one line per slot
             counts[i] = (counts[i] or 1) + (count or 1)
         else:
+            seen[host] = len(hosts)
             hosts.append(host)
             counts.append(count)
     if not hosts:
