@@ -1,7 +1,8 @@
 """What the two launcher-service clients, `distenv.pmi` (Hydra's PMI-1) and `distenv.pmix`,
 share: how a call begins (this process's earlier answer, the offer, the timeout), and what
 they hand the command they are about to exec (``distenv run``): the held-service guard and
-the compact host list ``<host>*<count>,...`` (the hosts of ranks 0.. in runs)."""
+the compact host list ``<host>*<count>,...`` (the hosts of ranks 0.. in runs), in the
+variable itself or, when long, in an inherited memory file (`pack`)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,49 @@ def refusal(environ: "Mapping[str, str]", var: str, pid: int) -> "str | None":
     return f"{var}: this process used the service before it exec'ed"
 
 
+#: Longest host list a hand-off variable holds itself. Linux limits one variable to 128 KiB
+#: (MAX_ARG_STRLEN): 10 000 ranks cyclic with fully qualified names took 410 KB, and exec
+#: failed with E2BIG (the user saw exit 126). A longer list goes in a memory file (`pack`).
+INLINE = 16 << 10
+#: How a hand-off variable names the memory file holding its host list.
+FD_PREFIX = "@fd:"
+
+
+def pack(text: str) -> str:
+    """`text` for a hand-off variable: itself when short, else ``@fd:<n>``, a memory file
+    (memfd: no file on disk, gone with the process) that the exec'ed program -- the same
+    process -- inherits and reads (`unpack`)."""
+    if len(text) <= INLINE:
+        return text
+    fd = os.memfd_create("distenv-handoff", 0)  # no MFD_CLOEXEC: it must survive the exec
+    data = text.encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return f"{FD_PREFIX}{fd}"
+
+
+def unpack(text: str) -> "str | None":
+    """`pack` undone (None when the memory file is not there: not this process's hand-off).
+    The descriptor is made non-inheritable once read: the program's own children do not
+    carry it."""
+    if not text.startswith(FD_PREFIX):
+        return text
+    raw = text[len(FD_PREFIX):]
+    if not raw.isdigit():
+        return None
+    fd = int(raw)
+    try:
+        size = os.fstat(fd).st_size
+        if size > (256 << 20):
+            return None
+        data = os.pread(fd, size, 0)
+        os.set_inheritable(fd, False)
+    except OSError:
+        return None
+    return data.decode("utf-8", "replace")
+
+
 def encode_hosts(hosts: "Sequence[str]") -> str:
     """``a*2,b*2`` for ``[a, a, b, b]``."""
     runs: "list[list[object]]" = []  # [host, count]
@@ -62,15 +106,21 @@ def encode_hosts(hosts: "Sequence[str]") -> str:
     return ",".join(f"{h}*{n}" for h, n in runs)
 
 
-def decode_hosts(text: str) -> "list[str] | None":
-    """`encode_hosts` undone; None when `text` is not such a list."""
+#: Most ranks a hand-off may describe (MAX_COUNT of the resolver is larger; no job is).
+MAX_RANKS = 10_000_000
+
+
+def decode_hosts(text: str, limit: int = MAX_RANKS) -> "list[str] | None":
+    """`encode_hosts` undone; None when `text` is not such a list (or names more than `limit`
+    ranks: it would otherwise build a list of any length it names)."""
     hosts: "list[str]" = []
     try:
         for run in text.split(","):
             host, _, count = run.rpartition("*")
-            if not host or int(count) < 1:
+            n = int(count)
+            if not host or n < 1 or len(hosts) + n > limit:
                 return None
-            hosts.extend([host] * int(count))
+            hosts.extend([host] * n)
     except ValueError:
         return None
     return hosts

@@ -81,7 +81,7 @@ import socket
 import time
 
 from .errors import DistEnvError
-from ._handoff import answered, begin, decode_hosts, encode_hosts, refusal
+from ._handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -364,7 +364,7 @@ def handoff() -> "str | None":
     if not used():
         return None
     ex = _done[1]  # type: ignore[index]  # used() proved _done is set
-    return f"{os.getpid()};{ex.mode};{ex.kvsname or ''};" + encode_hosts(ex.hosts) + f";{ex.server}"
+    return f"{os.getpid()};{ex.mode};{ex.kvsname or ''};" + pack(encode_hosts(ex.hosts)) + f";{ex.server}"
 
 
 def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
@@ -374,7 +374,8 @@ def inherited(environ: "Mapping[str, str] | None" = None) -> "Exchange | None":
     if len(parts) != 5 or parts[0] != str(os.getpid()) or parts[1] not in ("fd", "port") \
             or parts[4] not in SERVERS.values():
         return None
-    hosts = decode_hosts(parts[3])
+    text = unpack(parts[3])
+    hosts = decode_hosts(text) if text is not None else None
     if hosts is None:
         return None
     rank = _int(environ, "PMI_RANK")

@@ -68,7 +68,7 @@ import os
 import time
 
 from .errors import DistEnvError
-from ._handoff import answered, begin, decode_hosts, encode_hosts, refusal
+from ._handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
 from .pmix_relay import open_relay
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -562,7 +562,7 @@ def handoff() -> "str | None":
     if _kept is not None:
         _kept.finalize()
         _kept = None
-    return f"{os.getpid()};{answer.nspace};" + encode_hosts(answer.hosts)
+    return f"{os.getpid()};{answer.nspace};" + pack(encode_hosts(answer.hosts))
 
 
 def inherited(environ: "Mapping[str, str] | None" = None) -> "Placement | None":
@@ -571,7 +571,8 @@ def inherited(environ: "Mapping[str, str] | None" = None) -> "Placement | None":
     parts = environ.get(HELD_VAR, "").split(";")
     if len(parts) != 3 or parts[0] != str(os.getpid()) or parts[1] != environ.get("PMIX_NAMESPACE"):
         return None
-    hosts = decode_hosts(parts[2])
+    text = unpack(parts[2])
+    hosts = decode_hosts(text) if text is not None else None
     if hosts is None:
         return None
     rank = environ.get("PMIX_RANK", "")

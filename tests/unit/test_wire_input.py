@@ -133,3 +133,13 @@ def test_an_empty_host_from_another_rank_is_missing_not_accepted():
 
     with pytest.raises(pmi.PMIError, match="rank 1's host is missing"):
         pmi._publish(Conn(), "kvs", "k-", "s-", "node1", 2)
+
+
+@pytest.mark.parametrize("text", ["a*99999999999", "a*5000000,b*5000001", "a*-1", "*2", "a*x"])
+def test_a_handoff_naming_absurd_counts_is_refused_in_bounded_memory(text):
+    tracemalloc.start()
+    try:
+        assert decode_hosts(text) is None
+        assert tracemalloc.get_traced_memory()[1] < 128 * MB
+    finally:
+        tracemalloc.stop()
