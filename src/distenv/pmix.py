@@ -129,17 +129,21 @@ class Offer:
 
 
 class Placement:
-    """What the service said: ``hosts[r]`` is rank r's host name."""
+    """What the service said: ``hosts[r]`` is rank r's host name -- every rank's, or (not
+    `full`) rank 0's alone."""
 
     __slots__ = ("rank", "size", "hosts", "nspace", "lib", "version", "mode", "seconds",
-                 "relayed")
+                 "relayed", "full")
 
     def __init__(self, rank: int, size: int, hosts: "list[str]", nspace: str, lib: str,
-                 version: str, mode: str, seconds: float, relayed: bool = False) -> None:
+                 version: str, mode: str, seconds: float, relayed: bool = False,
+                 full: bool = True) -> None:
         self.rank, self.size, self.hosts, self.nspace = rank, size, hosts, nspace
         self.lib, self.version, self.mode, self.seconds = lib, version, mode, seconds
         #: The child's connection went through `distenv.pmix_relay` (held until exit).
         self.relayed = relayed
+        #: Every rank's host (else rank 0's alone: `query(full=False)`).
+        self.full = full
 
     def __repr__(self) -> str:
         return f"Placement(rank={self.rank}, size={self.size}, hosts={self.hosts!r}, lib={self.lib!r})"
@@ -317,6 +321,12 @@ class _Lib:
                                ctypes.c_void_p]
         c.PMIx_Get_version.restype = ctypes.c_char_p
         c.PMIx_Initialized.restype = ctypes.c_int
+        try:  # PMIx 4+: frees what PMIx_Get returned (Open MPI 4's in-process client kept it all)
+            self.free: Any = c.PMIx_Value_free
+            self.free.restype = None
+            self.free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        except AttributeError:
+            self.free = None
         self.me = self.Proc()
 
     def version(self) -> str:
@@ -350,18 +360,24 @@ class _Lib:
             return None
         if rc != 0 or not out:
             raise PMIxError(f"PMIx_Get({key!r}, rank {rank}) failed with status {rc}")
-        return read_value(out.contents)
+        value = read_value(out.contents)
+        if self.free is not None:
+            self.free(out, 1)
+        return value
 
 
-def _query(lib: _Lib) -> "tuple[int, int, list[str], str]":
-    """(rank, size, host of every rank, nspace) from an initialized client."""
+def _query(lib: _Lib, full: bool = True) -> "tuple[int, int, list[str], str]":
+    """(rank, size, host of every rank -- or, not `full`, of rank 0 alone --, nspace) from an
+    initialized client. Every read is answered from the job data the server handed the client
+    at init, but there are N of them: a caller that needs only rank 0's host asks for it alone
+    (2 reads, whatever the job's size)."""
     rank = int(lib.me.rank)
     nspace = lib.me.nspace.decode(errors="replace")
     size = lib.get(PMIX_RANK_WILDCARD, "pmix.job.size")
     if not isinstance(size, int) or size < 1 or rank >= size:
         raise PMIxError(f"the PMIx server gave job size {size!r} for rank {rank}")
     hosts: "list[str]" = []
-    for r in range(size):
+    for r in range(size if full else 1):
         host = lib.get(r, "pmix.hname")
         if not isinstance(host, str) or not host:
             raise PMIxError(f"the PMIx server gave no host (pmix.hname) for rank {r} of {size}")
@@ -380,7 +396,7 @@ def _finalize_at_exit() -> None:
         lib.finalize()
 
 
-def _in_process(found: Offer, timeout: float) -> "tuple[Placement, _Lib, bool]":
+def _in_process(found: Offer, timeout: float, full: bool = True) -> "tuple[Placement, _Lib, bool]":
     """Load, init and read here, in a thread joined with `timeout` (a call into the library
     cannot be interrupted; a server that never answers must not hang the rank)."""
     import threading
@@ -394,7 +410,7 @@ def _in_process(found: Offer, timeout: float) -> "tuple[Placement, _Lib, bool]":
             was = lib.initialized()  # an MPI of this process initialized it already
             lib.init()
             box["was"] = was
-            box["answer"] = _query(lib)
+            box["answer"] = _query(lib, full)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["error"] = exc
 
@@ -412,7 +428,7 @@ def _in_process(found: Offer, timeout: float) -> "tuple[Placement, _Lib, bool]":
     if box["was"]:  # reference-counted: give back only our own init, MPI keeps its own
         lib.finalize()
     return Placement(rank, size, hosts, nspace, lib.path, lib.version(), "in-process",
-                     time.monotonic() - start), lib, box["was"]
+                     time.monotonic() - start, full=full), lib, box["was"]
 
 
 def _load(libs: "Sequence[str]", tried: "Sequence[str]") -> _Lib:
@@ -436,13 +452,15 @@ print(json.dumps(pmix._child_main(sys.argv[2:])))
 """
 
 
-def _child_main(libs: "list[str]") -> "dict[str, Any]":
-    """The child's side of mode "child": the answer or the error, as a dict."""
+def _child_main(args: "list[str]") -> "dict[str, Any]":
+    """The child's side of mode "child": ``full`` or ``master`` (`_query`), then the libraries
+    to try; the answer or the error, as a dict."""
+    full, libs = args[0] == "full", args[1:]
     try:
         lib = _load(libs, [])
         lib.init()
         try:
-            rank, size, hosts, nspace = _query(lib)
+            rank, size, hosts, nspace = _query(lib, full)
         finally:
             lib.finalize()
         return {"rank": rank, "size": size, "hosts": hosts, "nspace": nspace, "lib": lib.path,
@@ -451,7 +469,7 @@ def _child_main(libs: "list[str]") -> "dict[str, Any]":
         return {"error": str(exc), "unavailable": isinstance(exc, PMIxUnavailable)}
 
 
-def _in_child(found: Offer, timeout: float) -> Placement:
+def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
     import json
     import subprocess
     import sys
@@ -464,7 +482,8 @@ def _in_child(found: Offer, timeout: float) -> Placement:
     # -I -S: an isolated, bare interpreter (no current directory, user site, site or PYTHON*
     # variable runs before the query: a json.py in the rank's working directory ran inside it
     # with -S -E -s); distenv is found through `src`. The environment (PMIX_*) is this process's.
-    argv = [sys.executable, "-I", "-S", "-c", _CHILD, src, *found.libs]
+    argv = [sys.executable, "-I", "-S", "-c", _CHILD, src, "full" if full else "master",
+            *found.libs]
     # Through a relay that holds the server's end of the child's connection until the task
     # ends: a close that overtakes the server's "finalized" mark makes it count this rank as
     # lost, and MPI_Init here would hang (pmix_relay explains).
@@ -500,47 +519,58 @@ def _in_child(found: Offer, timeout: float) -> Placement:
         raise error(str(got["error"]) + (f" (also looked at: {tried})" if tried else ""))
     return Placement(int(got["rank"]), int(got["size"]), [str(h) for h in got["hosts"]],
                      str(got["nspace"]), str(got["lib"]), str(got["version"]), "child",
-                     time.monotonic() - start, relay is not None)
+                     time.monotonic() - start, relay is not None, full)
 
 
 def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None,
-          found: "Offer | None" = None) -> Placement:
-    """Every rank's host from the PMIx server (not collective: each rank asks its own
-    daemon, no rank waits for another). Runs once per process; later calls return the same
-    answer. Raises `PMIxError` when the service cannot be used or answers nonsense."""
+          found: "Offer | None" = None, full: bool = True) -> Placement:
+    """Every rank's host from the PMIx server -- or, not `full`, rank 0's alone (2 reads
+    instead of 1 + N: enough for the master address) -- (not collective: each rank asks its
+    own daemon, no rank waits for another). Runs once per process (once more if a full
+    answer is wanted after a partial one); later calls return the same answer. Raises
+    `PMIxError` when the service cannot be used or answers nonsense."""
     global _done, _kept
     environ = os.environ if environ is None else environ
     earlier = answered(_done)
-    if earlier is not None:
+    if earlier is not None and (earlier.full or not full):
         return earlier
     found, timeout = begin(environ, found, timeout, offer, PMIxError, "PMIx service",
                            " Fix: set MASTER_ADDR (and NODE_RANK).")
     if not found.libs:
         raise PMIxUnavailable("no PMIx library of this launcher was found; tried: "
                         + "; ".join(found.tried) + ". Fix: set MASTER_ADDR (and NODE_RANK).")
+    if _kept is not None and earlier is not None:
+        # the in-process client (Open MPI 4) is still open: read the rest from it
+        start = time.monotonic()
+        rank, size, hosts, nspace = _query(_kept, full)
+        answer = Placement(rank, size, hosts, nspace, _kept.path, _kept.version(), "in-process",
+                           time.monotonic() - start, full=full)
     # An MPI of this process initialized PMIx already: its client is ours too (reference
     # counted), so the query runs here and gives back only its own init.
-    mpi_has_it = bool(mapped(_read("/proc/self/maps"))) and _load(found.libs, ()).initialized()
-    if found.mode == "in-process" or mpi_has_it:
-        answer, lib, was = _in_process(found, timeout)
+    elif found.mode == "in-process" or (bool(mapped(_read("/proc/self/maps")))
+                                        and _load(found.libs, ()).initialized()):
+        answer, lib, was = _in_process(found, timeout, full)
         if not was:
             import atexit
 
             _kept = lib
             atexit.register(_finalize_at_exit)
     else:
-        answer = _in_child(found, timeout)
+        answer = _in_child(found, timeout, full)
     if answer.rank != found.rank or answer.nspace != found.nspace:
         raise PMIxError(f"PMIx_Init gave rank {answer.rank} of {answer.nspace!r} but "
                         f"PMIX_RANK={found.rank}, PMIX_NAMESPACE={found.nspace!r}. Fix: unset "
                         "PMIx variables left over from another job.")
     _done = (os.getpid(), answer)
-    from .log import get_logger
+    import sys
 
-    relayed = ", the connection held by the relay" if answer.relayed else ""
-    get_logger(__name__).debug(f"PMIx ({answer.mode}{relayed}, {answer.lib}, {answer.version}): "
-                               f"{answer.size} ranks on {len(set(answer.hosts))} hosts in "
-                               f"{answer.seconds * 1000:.0f} ms")
+    if "logging" in sys.modules:  # a debug line cannot be shown otherwise: no import for it
+        from .log import get_logger
+
+        relayed = ", the connection held by the relay" if answer.relayed else ""
+        get_logger(__name__).debug(
+            f"PMIx ({answer.mode}{relayed}, {answer.lib}, {answer.version}): {answer.size} "
+            f"ranks, {'every host' if full else 'rank 0s host'} in {answer.seconds * 1000:.0f} ms")
     return answer
 
 
@@ -562,6 +592,8 @@ def handoff() -> "str | None":
     if _kept is not None:
         _kept.finalize()
         _kept = None
+    if not answer.full:  # (distenv run asks for every host: `discovery.services.Pmix.ask`)
+        return None
     return f"{os.getpid()};{answer.nspace};" + pack(encode_hosts(answer.hosts))
 
 

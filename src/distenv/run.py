@@ -260,8 +260,10 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     if discover and environ is None:
         from .discovery import complete, handoffs
 
+        # every node fact, not only the master: the command it execs (a Lightning script,
+        # say) may need them, and gets this process's answer (`handoffs`) instead of asking
         env = complete(env, need=("master_addr", "node_rank", "num_nodes") if env.launch == PER_NODE
-                       else ("master_addr", "world_size"))
+                       else ("master_addr", "world_size", "node_rank"))
         # exec keeps the pid: the command completes from these without asking again (the
         # services' `inherited`); Open MPI 4's in-process client is finalized before exec
         child.update(handoffs())

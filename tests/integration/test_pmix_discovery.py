@@ -145,9 +145,12 @@ def test_torch_all_reduces_with_no_master_addr(need, torch_python, name):
         detail = json.dumps({k: v for k, v in r.items() if k != "_stderr"})
         assert r["had_master_env"] is False, detail
         e = r["env"]
-        assert (e["master_addr"], e["world_size"], e["num_nodes"]) == ("node2", 4, 2), detail
-        assert e["node_rank"] == (0 if r["truth"]["rank"] < 2 else 1), detail
-        assert r["why"]["master_addr"].startswith("PMIx placement"), detail
+        # torch needs the master alone: PMIx is asked for rank 0's host only (2 reads, not
+        # 1 + N); node facts stay what the variables said (unknown or right, never wrong)
+        assert (e["master_addr"], e["world_size"]) == ("node2", 4), detail
+        assert e["num_nodes"] in (None, 2), detail
+        assert e["node_rank"] in (None, 0 if r["truth"]["rank"] < 2 else 1), detail
+        assert r["why"]["master_addr"].startswith("PMIx placement (pmix.hname of rank 0"), detail
         assert r["exported"] == "node2", detail
         assert r["sum"] == 10.0 and r["gloo_hosts"] == TWO_NODES, detail
         assert r["mpi"] == {"init_rc": 0, "rank": r["truth"]["rank"], "size": 4, "sum": 10,

@@ -253,6 +253,7 @@ int PMIx_Init(proc_t *me, void *info, size_t n) {
 }
 int PMIx_Finalize(void *info, size_t n) { count--; log_call("finalize"); return 0; }
 int PMIx_Get(const proc_t *p, const char *key, void *info, size_t n, value_t **out) {
+    log_call("get");
     char *hosts = strdup(getenv("FAKE_HOSTS")), *h = strtok(hosts, ",");
     uint32_t size = 0, r = 0;
     const char *mine = NULL;
@@ -287,8 +288,10 @@ def fake_env(monkeypatch, tmp_path, rank=1, **extra):
     return log
 
 
-def calls(log):
-    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+def calls(log, gets=False):
+    """The fake's log: init and finalize calls (and every PMIx_Get with `gets`)."""
+    lines = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    return [c for c in lines if gets or c[0] != "get"]
 
 
 def test_child_mode_queries_in_another_process_and_finalizes_there(fake_lib, monkeypatch, tmp_path):
@@ -373,3 +376,45 @@ def test_the_relay_stops_however_the_query_ends(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pmix._in_child(found, timeout=5)
     assert stopped == [True]
+
+
+@pytest.mark.parametrize("mode", ["child", "in-process"])
+def test_only_rank_0s_host_when_only_the_master_is_needed(fake_lib, monkeypatch, tmp_path, mode):
+    """1 + N reads on every rank (N^2 in all: 10^8 at 10 000 ranks) for a master address that
+    is one host: a caller that needs only the master gets 2 reads, whatever the job's size;
+    one that needs the node facts after it gets every host then (counted in the fake)."""
+    hosts = ",".join(f"node{i // 4}" for i in range(64))
+    log = fake_env(monkeypatch, tmp_path, rank=5, FAKE_HOSTS=hosts)
+    monkeypatch.setattr(pmix, "_done", None)
+    monkeypatch.setattr(pmix, "_kept", None)
+    kind = "orte" if mode == "in-process" else "prrte"
+    found = pmix.Offer("fake@1", 5, kind, "orted", [fake_lib], [], "PMIx server")
+    got = pmix.query(timeout=120, found=found, full=False)
+    gets = [c for c in calls(log, gets=True) if c[0] == "get"]
+    assert (got.size, got.hosts, got.full) == (64, ["node0"], False) and len(gets) == 2
+    again = pmix.query(timeout=120, found=found, full=False)
+    assert again is got and len([c for c in calls(log, gets=True) if c[0] == "get"]) == 2  # kept
+    assert pmix.handoff() is None  # a partial answer is not handed to an exec'ed command
+    full = pmix.query(timeout=120, found=found, full=True)
+    assert full.full and full.hosts[:5] == ["node0"] * 4 + ["node1"]
+    assert len([c for c in calls(log, gets=True) if c[0] == "get"]) == 2 + 1 + 64
+
+
+def test_complete_asks_for_every_host_only_when_node_facts_are_needed(monkeypatch):
+    asked = []
+
+    def query(environ=None, timeout=None, found=None, full=True):
+        asked.append(full)
+        hosts = ["node2", "node2", "node1", "node1"] if full else ["node2"]
+        return pmix.Placement(3, 4, hosts, "1234", "/lib/libpmix.so.2", "4.2", "child", 0.0,
+                              full=full)
+
+    found = pmix.Offer("1234", 3, "orte", "orted", ["/lib/libpmix.so.2"], [], "PMIx server orted")
+    monkeypatch.setattr(pmix, "offer", lambda environ=None: (found, ""))
+    monkeypatch.setattr(pmix, "query", query)
+    env = resolve(ompi4(3))
+    torch_like = complete(env, need=("master_addr", "world_size"))
+    assert torch_like.master_addr == "node2" and torch_like.node_rank is None and asked == [False]
+    assert "pmix.hname of rank 0" in torch_like.provenance["master_addr"]
+    lightning_like = complete(env, need=("master_addr", "node_rank", "num_nodes"))
+    assert (lightning_like.node_rank, lightning_like.num_nodes) == (1, 2) and asked == [False, True]

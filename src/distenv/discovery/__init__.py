@@ -104,13 +104,13 @@ class Declined(str):
 
 
 def _ask(svc: "Service", environ: "Mapping[str, str]", found: Any, timeout: "float | None",
-         env: DistEnv) -> Answer:
+         env: DistEnv, need: "tuple[str, ...] | None" = None) -> Answer:
     """`svc` asked once for this task: a program started through a job script first takes
     the task's claim (or gets the answer an earlier program of the task got), and its holder
     keeps the answer for the next ones."""
     chain = getattr(found, "chain", None)
     if chain is None or not chain.wrapped:
-        return svc.ask(environ, found, timeout, env)
+        return svc.ask(environ, found, timeout, env, need)
     from . import chain as chains
 
     from ..knobs import timeout as wait
@@ -132,7 +132,8 @@ def _ask(svc: "Service", environ: "Mapping[str, str]", found: Any, timeout: "flo
                            "Fix: run the programs of a job script one after the other, or set "
                            "MASTER_ADDR (and NODE_RANK).")
     try:
-        ans = svc.ask(environ, found, timeout, env)
+        # a later program of the task may need more than this one: the claim keeps every host
+        ans = svc.ask(environ, found, timeout, env, None)
         from .. import _holder
 
         try:
@@ -160,7 +161,8 @@ def _services(env: DistEnv, only: "str | None" = None) -> "list[Service]":
 
 
 def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | None",
-                strict: bool, only: "str | None" = None) -> "tuple[DistEnv | None, list[Declined]]":
+                strict: bool, only: "str | None" = None, need: "tuple[str, ...] | None" = None
+                ) -> "tuple[DistEnv | None, list[Declined]]":
     """(`env` completed by the first service offered here, or None; why the others were not
     asked). Not `strict`: a service that turns out unusable here (`Service.soft`) is noted and
     the next one tried; anything else it raises is raised."""
@@ -185,7 +187,7 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
             declined.append(Declined(why_not, svc.name, svc.present(environ)))
             continue
         try:
-            ans = _ask(svc, environ, found, timeout, env)
+            ans = _ask(svc, environ, found, timeout, env, need)
         except Exception as exc:
             if strict or not svc.soft(exc):
                 raise
@@ -255,7 +257,7 @@ def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_a
     if _mpi_ready() is not None:
         return discover(env, "mpi4py")
     got, declined = _discovered(env, os.environ if environ is None else environ, timeout,
-                                strict=False)
+                                strict=False, need=need)
     return got if got is not None else _not_asked(env, declined, need)
 
 

@@ -31,15 +31,17 @@ class Answer:
     option that starts one process per node, for the error of a per-node launch that did not."""
 
     __slots__ = ("service", "rank", "size", "hosts", "why", "port", "port_key", "one_per_node",
-                 "earlier")
+                 "earlier", "full")
 
     def __init__(self, service: str, rank: int, size: int, hosts: "Sequence[str]", why: str,
                  port: "int | None" = None, port_key: "str | None" = None,
-                 one_per_node: str = "", earlier: "int | None" = None) -> None:
+                 one_per_node: str = "", earlier: "int | None" = None, full: bool = True) -> None:
         self.service, self.rank, self.size, self.hosts = service, rank, size, list(hosts)
         self.why, self.port, self.port_key, self.one_per_node = why, port, port_key, one_per_node
         #: the pid of the earlier program of this task that asked (the claim), or None
         self.earlier = earlier
+        #: `hosts` holds every rank's host; else rank 0's alone (the master address only)
+        self.full = full
 
     def to_json(self, pid: int) -> str:
         """The answer as the claim hands it to later programs of the task (`from_json`)."""
@@ -212,6 +214,11 @@ def apply(env: DistEnv, ans: Answer) -> DistEnv:
                            f"rank {ans.rank}: the launch is not this job. " + STALE)
     if env.world_size is None:  # MPICH -pmi-port: the service gives the size
         env = with_values(env, {"world_size": ans.size}, ans.why)
+    elif env.world_size != ans.size:
+        raise DistEnvError(f"world_size={env.world_size} ({env.provenance.get('world_size')}) but "
+                           f"{ans.why} says {ans.size} ranks. " + STALE)
+    if not ans.full:  # rank 0's host alone: the master address, nothing about nodes
+        return with_values(env, {"master_addr": env.master_addr or ans.hosts[0]}, ans.why)
     return from_hostnames(env, list(ans.hosts), ans.why)
 
 
