@@ -178,8 +178,8 @@ def _placed(env: "DistEnv", rank_hosts: "Sequence[str]") -> "tuple[list[Node], s
         ranks.setdefault(name, []).append(rank)
     order = list(ranks)
     if env.hosts is not None:
-        known = set(env.hosts)  # a set: 50 000 ranks on thousands of hosts stay linear
-        extra = [h for h in order if h not in known]
+        listed = set(env.hosts)  # a set: 50 000 ranks on thousands of hosts stay linear
+        extra = [h for h in order if h not in listed]
         if extra or len(env.hosts) != len(order):
             raise DistEnvError(
                 f"the ranks run on {_few(order)} ({why}) but hosts is {_few(env.hosts)} "
