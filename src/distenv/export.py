@@ -37,12 +37,6 @@ def variables(env: DistEnv) -> "dict[str, object]":
 #: How each launcher family passes a variable set in the job script to every rank.
 
 
-def _passes_on(launcher: "str | None", name: str, value: str) -> str:
-    """How `launcher` passes a job script's variable to every rank (`Source.pass_on`), or ""."""
-    from .sources import find
-
-    entry = find(launcher) if launcher else None
-    return entry.load().passes_on(name, value) if entry is not None else ""
 
 
 def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
@@ -59,15 +53,18 @@ def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
                         + reason.rstrip("."))
         fixes.append(fix.rstrip(".") or "set MASTER_ADDR=<rank 0's host> for every rank")
     elif "MASTER_ADDR" in names:
-        passed = _passes_on(env.launcher, "MASTER_ADDR", "<host>")
+        from .sources import source_of
+
+        source = source_of(env.launcher)
+        passed = source.passes_on("MASTER_ADDR", "<host>")
         if passed:
             problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR) across nodes")
             fixes.append(f"export MASTER_ADDR=<rank 0's host> in the job script and pass it to "
                          f"every rank ({passed})")
-        elif env.launcher == "env":
-            problems.append("RANK and WORLD_SIZE are set but MASTER_ADDR, rank 0's host, is not")
-            fixes.append("set MASTER_ADDR=<rank 0's host> (and MASTER_PORT) wherever RANK and "
-                         "WORLD_SIZE are set, the same on every rank")
+        elif source.master_unknown:  # the source's own words (plain RANK/WORLD_SIZE)
+            problem, _, fix = source.master_unknown.partition(" Fix: ")
+            problems.append(problem)
+            fixes.append(fix)
         else:
             problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR)")
             fixes.append("set MASTER_ADDR=<rank 0's host> for every rank")

@@ -216,13 +216,13 @@ def test_launcher_version_parses_hydra_and_reports_failures(tmp_path, monkeypatc
     fake = tmp_path / "srun"
     fake.write_text("#!/bin/sh\necho 'srun: fatal: no configuration' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(doctor.versioninfo, "_launcher_command", lambda launcher: (str(fake), "test"))
+    monkeypatch.setattr(doctor.versioninfo, "_launcher_command", lambda launcher, source: (str(fake), "test"))
     got = doctor.launcher_version("slurm", {})
     assert got["version"] is None and "srun: fatal: no configuration" in got["source"]
     slow = tmp_path / "mpiexec"
     slow.write_text("#!/bin/sh\nsleep 30\n")
     slow.chmod(0o755)
-    monkeypatch.setattr(doctor.versioninfo, "_launcher_command", lambda launcher: (str(slow), "test"))
+    monkeypatch.setattr(doctor.versioninfo, "_launcher_command", lambda launcher, source: (str(slow), "test"))
     monkeypatch.setattr(doctor.versioninfo, "VERSION_TIMEOUT", 0.5)
     got = doctor.launcher_version("mpich", {})
     assert got["version"] is None and "no answer within 0.5 s" in got["source"]

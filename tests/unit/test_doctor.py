@@ -404,3 +404,24 @@ def test_a_finding_is_printed_whole_or_says_where_it_is_whole(machine):
     assert "      fix: " + "f" * 2000 + "... (2100 chars; the whole text: distenv doctor --json)" in text
     line = doctor.summary(long)
     assert "w" * 200 + "... (2500 chars; the whole text: distenv doctor)" in line and "\n" not in line
+
+
+def test_the_launchers_version_comes_from_what_its_source_declares(monkeypatch):
+    """The doctor keeps no table of launchers (issue 29, item 3): Open MPI's version variable,
+    torchrun's distribution and Intel MPI's command are their Sources' declarations."""
+    from distenv.doctor import versioninfo
+    from distenv.sources import job_prefixes, source_of
+
+    got = versioninfo.launcher_version("openmpi", {"OMPI_VERSION": "5.0.11"})
+    assert got == {"version": "Open MPI 5.0.11", "source": "OMPI_VERSION"}
+    assert versioninfo.launcher_version("torchrun", {})["source"].startswith("torch")
+    assert source_of("intelmpi").command("intelmpi") == "mpiexec.hydra"
+    assert source_of("mpich").command("mpich") == "mpiexec"
+    seen = []
+    monkeypatch.setattr(versioninfo, "_launcher_command",
+                        lambda launcher, source: seen.append(source.command(launcher)))
+    versioninfo.launcher_version("slurm", {})
+    assert seen == ["srun"]
+    assert {"OMPI_", "PMI_", "PRTE_"} <= set(job_prefixes())
+    text = open(versioninfo.__file__).read()
+    assert "mpirun" not in text and "OMPI_" not in text and "hydra_pmi_proxy" not in text

@@ -255,3 +255,33 @@ def test_no_adapter_imports_another_except_its_backend():
     allowed = {(a, b) for a, bases in ADAPTER_BASES.items() for b in bases}
     assert found - allowed == set(), sorted(found - allowed)
     assert allowed - found == set(), f"no longer imported, remove from ADAPTER_BASES: {sorted(allowed - found)}"
+
+
+# -- the core and the tools name no launcher either (issue 29, item 3) ----------------------------
+#: The wire-protocol clients: each speaks its own protocol, whose servers and variables it must
+#: name (PMI-1's PMI_FD and Hydra's proxy, PMIx's PMIX_* and daemons, the apinfo's PALS_APINFO),
+#: and the discovery services that stand for them.
+PROTOCOL_CLIENTS = ("distenv.pmi", "distenv.pmix", "distenv.pmix_relay", "distenv.apinfo",
+                    "distenv.discovery.services")
+
+
+def _outside_sources(name: str) -> bool:
+    return not _under(name, ("distenv.sources",) + ADAPTERS + PROTOCOL_CLIENTS)
+
+
+def test_core_and_tools_read_no_launcher_variable():
+    """Launcher facts live in Sources: no core or tool module (the resolver, discovery, the
+    doctor, distenv run, ...) reads a launcher's variable; a client of a launcher's wire
+    protocol reads that protocol's own."""
+    from distenv.sources import prefixes
+
+    launcher = tuple(p for p in prefixes() if p not in FRAMEWORK_VARIABLES)
+    found = [f"{name}: {var!r}" for name, text, _ in _modules() if _outside_sources(name)
+             for var in reads(text) if var.startswith(launcher)]
+    assert not found, found
+
+
+def test_core_and_tools_compare_no_launcher_name():
+    found = [f"{name}: {value!r}" for name, text, _ in _modules() if _outside_sources(name)
+             for value in launcher_comparisons(text) if value not in ALLOWED_NAMES]
+    assert not found, found

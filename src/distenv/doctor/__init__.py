@@ -22,8 +22,8 @@ topic (launch, map, gpus, cpu, network, auto, probe) and the fix:
   port, with a short timeout.
 
 It also reports versions (`versions`): distenv, Python, the frameworks installed for this
-interpreter (from their metadata: nothing is imported) and the launcher's own, from its
-variables (``OMPI_VERSION``) or its ``--version`` (the one process the doctor starts, under
+interpreter (from their metadata: nothing is imported) and the launcher's own, from what its
+Source declares: a variable (Open MPI's ``OMPI_VERSION``), its Python distribution, or its ``--version`` (the one process the doctor starts, under
 a short timeout: preferably the launcher binary that started this process, found among its
 ancestors in /proc, else the command on PATH, labelled so).
 
@@ -59,8 +59,7 @@ from .network import _check_network, _probe
 from .report import LEVELS, SHOWN_NAMES, SHOWN_PREFIXES, Report, exit_code, render, summary
 from .system import HOSTS_FILE, INFINIBAND_DIR, NET_DEV, NET_ROUTE, hosts_lookup, interfaces, \
     rdma_devices, route_interface
-from .versioninfo import LAUNCHER_COMMANDS, LAUNCHER_PACKAGES, PACKAGES, VERSION_TIMEOUT, \
-    launcher_version, versions
+from .versioninfo import PACKAGES, VERSION_TIMEOUT, launcher_version, versions
 from .versioninfo import _first_version_line as _first_version_line
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -72,7 +71,7 @@ if TYPE_CHECKING:
     from ..description import DistEnv
 
 __all__ = [
-    "AUTO_PTH", "HOSTS_FILE", "INFINIBAND_DIR", "LAUNCHER_COMMANDS", "LAUNCHER_PACKAGES", "LEVELS",
+    "AUTO_PTH", "HOSTS_FILE", "INFINIBAND_DIR", "LEVELS",
     "NET_DEV", "NET_ROUTE", "PACKAGES", "Report", "SHOWN_NAMES", "SHOWN_PREFIXES", "VERSION_TIMEOUT",
     "diagnose", "exit_code", "hosts_lookup", "interfaces", "launcher_version", "main",
     "rdma_devices", "render", "route_interface", "site_dirs", "summary", "versions",

@@ -22,17 +22,14 @@ def _launcher_prefixes() -> "tuple[str, ...]":
 
 
 #: Variables shown in the report (values redacted where secret): every launcher's and
-#: platform's own (from the sources), then the communication and threading libraries'.
+#: platform's own (from the sources: the doctor keeps no list of them), then the communication
+#: and threading libraries'.
 SHOWN_PREFIXES = _launcher_prefixes() + (
-    "AWS_", "KUBERNETES_SERVICE",
     "NCCL_", "GLOO_", "UCX_", "FI_", "OMP_", "MKL_NUM", "OPENBLAS_NUM", "CUDA_VISIBLE",
     "HIP_VISIBLE", "ROCR_VISIBLE", "DISTENV_", "TORCH_DISTRIBUTED_",
 )
-SHOWN_NAMES = frozenset({
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE",
-    "TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_JOB_ID",
-})
+#: Single names shown besides (none today: every launcher variable comes from a source).
+SHOWN_NAMES: "frozenset[str]" = frozenset()
 
 
 class Report:

@@ -19,23 +19,6 @@ if TYPE_CHECKING:
 #: Distributions reported when installed for this interpreter, in this order.
 PACKAGES = ("torch", "lightning", "pytorch-lightning", "transformers", "accelerate", "deepspeed",
             "tensorflow", "tf-keras", "keras", "horovod", "jax", "jaxlib", "mpi4py")
-#: launcher -> (command whose --version to run, names of its binaries and daemons that may be
-#: an ancestor of a rank). A daemon (orted, hydra_pmi_proxy) stands for the command next to it.
-LAUNCHER_COMMANDS = {
-    "openmpi": ("mpirun", ("mpirun", "mpiexec", "orterun", "prterun", "prte", "orted", "prted")),
-    "mpich": ("mpiexec", ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy")),
-    "intelmpi": ("mpiexec.hydra", ("mpiexec.hydra", "mpiexec", "mpirun", "hydra_pmi_proxy",
-                                   "hydra_bstrap_proxy")),
-    "mvapich2": ("mpiexec", ("mpiexec", "mpirun", "mpirun_rsh", "mpiexec.hydra", "hydra_pmi_proxy")),
-    "pals": ("mpiexec", ("mpiexec",)),
-    "slurm": ("srun", ("srun",)),
-    "flux": ("flux", ()),
-    "lsf": ("jsrun", ("jsrun",)),
-}
-#: launcher -> the distribution whose version is the launcher's (a Python launcher).
-LAUNCHER_PACKAGES = {"torchrun": "torch", "deepspeed": "deepspeed", "horovodrun": "horovod"}
-#: Variables that would make a launcher's --version think it runs inside a job.
-_JOB_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "PRTE_", "HYDRA_", "I_MPI_HYDRA", "MPI_LOCAL", "ORTE_")
 VERSION_TIMEOUT = 3.0
 
 
@@ -53,15 +36,16 @@ def _distribution_versions() -> "dict[str, str]":
     return found
 
 
-def _launcher_command(launcher: str) -> "tuple[str, str] | None":
-    """(argv0, how it was found) of the launcher's command, or None."""
+def _launcher_command(launcher: str, source: Any) -> "tuple[str, str] | None":
+    """(argv0, how it was found) of the launcher's command (its Source's `command`,
+    `programs`, `daemons`), or None."""
     import shutil
 
-    command, names = LAUNCHER_COMMANDS[launcher]
+    command = source.command(launcher)
     for pid, exe, comm in system._ancestors():
         base = os.path.basename(exe) if exe else comm
-        if base in names or comm in names:
-            if exe and base in ("orted", "prted", "hydra_pmi_proxy", "hydra_bstrap_proxy"):
+        if base in source.programs or comm in source.programs:
+            if exe and base in source.daemons:
                 # A daemon: the launcher's command is installed next to it.
                 sibling = os.path.join(os.path.dirname(exe), command)
                 if os.path.exists(sibling):
@@ -84,28 +68,33 @@ def _first_version_line(text: str) -> "str | None":
 
 
 def launcher_version(launcher: str, environ: "Mapping[str, str]") -> "dict[str, str | None]":
-    """{"version", "source"}: the launcher's own version, where it says it."""
-    if launcher == "openmpi" and environ.get("OMPI_VERSION"):
-        return {"version": f"Open MPI {environ['OMPI_VERSION']}", "source": "OMPI_VERSION"}
-    if launcher in LAUNCHER_PACKAGES:
+    """{"version", "source"}: the launcher's own version, where it says it (how: its Source's
+    `version_var`, `version_package`, `command`)."""
+    from ..sources import job_prefixes, source_of
+
+    source = source_of(launcher)
+    if source.version_var and environ.get(source.version_var):
+        return {"version": f"{source.title} {environ[source.version_var]}",
+                "source": source.version_var}
+    if source.version_package:
         from importlib import metadata
 
-        dist = LAUNCHER_PACKAGES[launcher]
+        dist = source.version_package
         try:
             return {"version": f"{dist} {metadata.version(dist)}",
                     "source": f"{dist}'s metadata in this interpreter"}
         except metadata.PackageNotFoundError:
             return {"version": None, "source": f"{dist} is not installed for this interpreter"}
-    if launcher not in LAUNCHER_COMMANDS:
+    if not source.command(launcher):
         return {"version": None, "source": f"{launcher} has no version command"}
-    found = _launcher_command(launcher)
+    found = _launcher_command(launcher, source)
     if found is None:
         return {"version": None,
-                "source": f"{LAUNCHER_COMMANDS[launcher][0]} is neither an ancestor nor on PATH"}
+                "source": f"{source.command(launcher)} is neither an ancestor nor on PATH"}
     command, how = found
     import subprocess
 
-    clean = {k: v for k, v in environ.items() if not k.startswith(_JOB_PREFIXES)}
+    clean = {k: v for k, v in environ.items() if not k.startswith(job_prefixes())}
     try:
         p = subprocess.run([command, "--version"], env=clean, capture_output=True, text=True,
                            errors="replace", timeout=VERSION_TIMEOUT, stdin=subprocess.DEVNULL)

@@ -91,13 +91,32 @@ class Source:
     #: "pmix", "pmi" (the PMI-1 wire protocol). Each checks its own variables and guards before
     #: it is offered; none is asked by resolve().
     services: "tuple[str, ...]" = ()
+    #: Why rank 0's host is unknown and what to do, in this launch's words, for the export
+    #: error ("<problem> Fix: <fix>"); "" for the generic wording.
+    master_unknown = ""
     #: What to do when none of `services` is offered to a process of this launch (how to
     #: launch so that one is), for the note discovery leaves; "" for the generic fix.
     service_fix = ""
+    #: How `distenv doctor` finds the launcher's own version: the variable that holds it
+    #: (shown as "<title> <value>"), else the Python distribution that is the launcher, else
+    #: `version_command`'s ``--version`` -- found among this process's ancestors (`programs`;
+    #: a daemon in `daemons` stands for the command installed next to it), else on PATH.
+    version_var = ""
+    version_package = ""
+    version_command = ""
+    programs: "tuple[str, ...]" = ()
+    daemons: "tuple[str, ...]" = ()
+    #: Prefixes of the variables that make this launcher's own command think it runs inside
+    #: one of its jobs (the doctor drops every launcher's before running a ``--version``).
+    job_prefixes: "tuple[str, ...]" = ()
 
     def detect(self, env: "Env") -> bool:
         """Refine the marker match (e.g. a SLURM batch script is not a task)."""
         return True
+
+    def command(self, launcher: str) -> str:
+        """`version_command` for `launcher` (one source may serve several names)."""
+        return self.version_command
 
     def refuses(self, service: str, env: "Env") -> str:
         """Why this launch must not ask `service` (one of `services`) although it is offered,
@@ -256,6 +275,14 @@ def adapter_acts(launcher: "str | None", adapter: str) -> bool:
     entry = find(launcher) if launcher else None
     allowed = entry.load().adapters if entry is not None else None
     return allowed is None or adapter in allowed
+
+
+def job_prefixes() -> "tuple[str, ...]":
+    """Every launcher's `job_prefixes`, each once."""
+    out: "list[str]" = []
+    for source in _all_sources():
+        out.extend(p for p in source.job_prefixes if p not in out)
+    return tuple(out)
 
 
 def label_sources() -> "list[Source]":

@@ -21,6 +21,7 @@ class DeepSpeedLauncher(Source):
     title = "the DeepSpeed launcher"
     family = "torch"
     prefixes = ('CROSS_RANK', 'CROSS_SIZE', 'LOCAL_SIZE')
+    version_package = "deepspeed"
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
     def detect(self, env: "Env") -> bool:

@@ -22,6 +22,7 @@ class Flux(Source):
     prefixes = ('FLUX_',)
     can_be_per_node = True
     services = ("apinfo",)  # Flux's cray-pals plugin writes one (sources/pals.py)
+    version_command = "flux"
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

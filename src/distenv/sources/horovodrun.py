@@ -20,6 +20,7 @@ class HorovodRun(Source):
     title = "horovodrun"
     family = "horovod"
     prefixes = ('HOROVOD_',)
+    version_package = "horovod"
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

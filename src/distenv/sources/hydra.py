@@ -50,6 +50,13 @@ class Hydra(Source):
     aliases = ("mpich", "intelmpi", "impi", "hydra")
     can_be_per_node = True
     services = ("pmi",)
+    version_command = "mpiexec"
+    programs = ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "hydra_bstrap_proxy")
+    daemons = ("hydra_pmi_proxy", "hydra_bstrap_proxy")
+    job_prefixes = ("PMI_", "HYDRA_", "I_MPI_HYDRA", "MPI_LOCAL")
+
+    def command(self, launcher: str) -> str:
+        return "mpiexec.hydra" if launcher == "intelmpi" else "mpiexec"
 
     def detect(self, env: "Env") -> bool:
         return "MPI_LOCALRANKID" in env

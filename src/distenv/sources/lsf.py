@@ -20,6 +20,8 @@ class Jsrun(Source):
     family = "lsf"
     pass_on = "jsrun passes the environment"
     prefixes = ('JSM_', 'LSB_')
+    version_command = "jsrun"
+    programs = ("jsrun",)
     aliases = ("lsf", "jsrun")
     can_be_per_node = True
 

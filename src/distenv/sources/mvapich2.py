@@ -20,6 +20,9 @@ class Mvapich2(Source):
     family = "mpi"
     pass_on = "mpiexec -genv {name} {value}"
     prefixes = ('MV2_', 'MPIRUN_')
+    version_command = "mpiexec"
+    programs = ("mpiexec", "mpirun", "mpirun_rsh", "mpiexec.hydra", "hydra_pmi_proxy")
+    daemons = ("hydra_pmi_proxy",)
     can_be_per_node = True
 
     def read(self, env: "Env", r: "Reading") -> None:

@@ -111,6 +111,11 @@ class OpenMPI(Source):
     can_be_per_node = True
     family = "mpi"
     services = ("pmix",)
+    version_var = "OMPI_VERSION"  # Open MPI 5 sets it in every rank (recorded: openmpi5-np4)
+    version_command = "mpirun"
+    programs = ("mpirun", "mpiexec", "orterun", "prterun", "prte", "orted", "prted")
+    daemons = ("orted", "prted")
+    job_prefixes = ("OMPI_", "PMIX_", "PRTE_", "ORTE_")
     pass_on = "mpirun -x {name}"
     pass_on_only = True  # mpirun forwards to other nodes only the variables -x names
     mpi_controller = ("horovod",)  # Horovod is usually built with Open MPI
@@ -120,7 +125,7 @@ class OpenMPI(Source):
     label_options = {name: ("--tag-output", "-tag-output")
                      for name in ("mpirun", "mpiexec", "orterun", "prterun", "mpirun.openmpi",
                                   "mpiexec.openmpi")}
-    prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps",
+    prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps", "OMPI_VERSION",
                 "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
     covers = ("jax:ompi", "jax:prrte")  # JAX reads these variables too (jax/_src/clusters)
 

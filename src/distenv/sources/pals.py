@@ -86,6 +86,8 @@ class Pals(Source):
     prefixes = ('PALS_', 'PMI_')
     can_be_per_node = True
     services = ("apinfo",)
+    version_command = "mpiexec"
+    programs = ("mpiexec",)
 
     def detect(self, env: "Env") -> bool:
         # Under srun --mpi=cray_shasta or Flux's cray-pals, that launcher's source reads the

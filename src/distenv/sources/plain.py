@@ -38,6 +38,10 @@ class Plain(Source):
     prefixes = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT')
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     aliases = ("env", "plain")
+    # no launcher passes variables on here: whoever set RANK and WORLD_SIZE sets the master too
+    master_unknown = ("RANK and WORLD_SIZE are set but MASTER_ADDR, rank 0's host, is not Fix: "
+                      "set MASTER_ADDR=<rank 0's host> (and MASTER_PORT) wherever RANK and "
+                      "WORLD_SIZE are set, the same on every rank")
 
     def detect(self, env: "Env") -> bool:
         has_rank, has_size = "RANK" in env, "WORLD_SIZE" in env

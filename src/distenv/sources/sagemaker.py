@@ -61,7 +61,7 @@ class SageMaker(Source):
     name = "sagemaker"
     title = "SageMaker"
     family = "platform"
-    prefixes = ('SM_', 'TRAINING_JOB_NAME')
+    prefixes = ('SM_', 'TRAINING_JOB_NAME', 'AWS_')  # AWS_: the doctor shows them (redacted)
 
     def detect(self, env: "Env") -> bool:
         return "SM_CURRENT_HOST" in env

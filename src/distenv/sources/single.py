@@ -61,7 +61,8 @@ class Single(Source):
     name = "none"
     title = "no launcher"
     family = "none"
-    prefixes = ()
+    # the platforms frameworks detect themselves (shown by the doctor)
+    prefixes = tuple(name for name, _ in FRAMEWORK_PLATFORMS)
     aliases = ("none",)
     can_be_per_node = True
 

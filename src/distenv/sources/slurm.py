@@ -277,6 +277,8 @@ class Slurm(Source):
     can_be_per_node = True
     # --mpi=cray_shasta: the apinfo file; --mpi=pmix: PMIx; --mpi=pmi2: PMI-1 to the stepd
     services = ("apinfo", "pmix", "pmi")
+    version_command = "srun"
+    programs = ("srun",)
     # --mpi=none (SLURM_MPI_TYPE=none) offers none: a task then learns where task 0 runs only
     # from slurmctld (`sattach --layout`, one controller RPC per task: 4-24 ms each measured
     # here, N calls for N tasks at every job start), which distenv does not do

@@ -24,6 +24,7 @@ class TorchRun(Source):
     title = "torchrun"
     family = "torch"
     prefixes = ('TORCHELASTIC_', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_', 'LOCAL_WORLD_SIZE')
+    version_package = "torch"
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT")
     aliases = ("torchrun", "torch.distributed.launch", "torchelastic")
