@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-from .description import FIELDS, PER_NODE
+from .fields import FIELDS, PER_NODE
 from .errors import DistEnvError
 
 if TYPE_CHECKING:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# The words are in the floor module; they stay importable from here, as they always were.
+from .fields import DECLINED as DECLINED, DEFAULT as DEFAULT, DERIVED as DERIVED
+from .fields import FIELDS as FIELDS, PER_NODE as PER_NODE, PER_PROCESS as PER_PROCESS
+from .fields import UNKNOWN as UNKNOWN
+
 # Names for type checkers only (mypy treats any TYPE_CHECKING as true): importing `typing`
 # would cost `import distenv` milliseconds.
 TYPE_CHECKING = False
@@ -10,28 +15,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .checked import Checked
-
-#: The public fields, in the order `distenv show --json` prints them. This is a contract.
-FIELDS = (
-    "launcher",
-    "platform",
-    "launch",
-    "rank",
-    "local_rank",
-    "world_size",
-    "local_world_size",
-    "node_rank",
-    "num_nodes",
-    "nproc_per_node",
-    "master_addr",
-    "master_port",
-    "hosts",
-    "rank_hosts",
-    "job_id",
-)
-
-PER_PROCESS = "per-process"
-PER_NODE = "per-node"
 
 
 class Why(str):
@@ -76,12 +59,6 @@ class Note(str):
         return (Note, (str(self), self.about, self.kind))
 
 
-DEFAULT = "default"
-DERIVED = "derived"
-UNKNOWN = "unknown"
-#: A note's kind: discovery was asked for these fields and no service could answer; the
-#: note says why and what to do (an error about those fields repeats it: distenv.export).
-DECLINED = "declined"
 
 
 def kind_of(why: "str | None") -> "str | None":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 
-from .description import DECLINED, PER_NODE, DistEnv
+from .fields import DECLINED, PER_NODE
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import MutableMapping, Sequence
+
+    from .description import DistEnv
 
 # Written for a per-process launch; a per-node launch writes only the node-level ones
 # (the workers it will start get their own RANK/LOCAL_RANK from their launcher).

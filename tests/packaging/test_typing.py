@@ -44,6 +44,7 @@ TYPED = (
     "doctor/versioninfo.py",
     "errors.py",
     "export.py",
+    "fields.py",
     "gpus.py",
     "horovod.py",
     "hostlist.py",

@@ -49,21 +49,22 @@ def test_one_node_keeps_loopback():
 # -- a per-node launch completed from a service's answer (one helper for PMI-1 and PMIx) ----------
 def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
     from distenv import DistEnvError, pmi, pmix, resolve
-    from distenv.discovery import _from_exchange, _from_pmix
+    from distenv.discovery.apply import apply
+    from distenv.discovery.services import Pmi, Pmix
 
     hydra = resolve(hydra_rank(1, 2, 0, 1, DISTENV_NPROC_PER_NODE="2"))
-    got = _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs"))
+    got = apply(hydra, Pmi.answer(pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs")))
     assert (got.launch, got.node_rank, got.num_nodes, got.hosts, got.master_addr) == \
         ("per-node", 1, 2, ("n1", "n2"), "n1")
     with pytest.raises(DistEnvError, match=r"key-value exchange \(Hydra, PMI_FD\) found 2 processes on 1 hosts.*mpiexec -ppn 1"):
-        _from_exchange(hydra, pmi.Exchange(1, 2, ["n1", "n1"], "fd", 0.0, "t", "kvs"))
+        apply(hydra, Pmi.answer(pmi.Exchange(1, 2, ["n1", "n1"], "fd", 0.0, "t", "kvs")))
     openmpi = resolve(ompi(0, 2, 0, 1, node_rank_trap=False, PMIX_NAMESPACE="prterun-x-1@1",
                            DISTENV_NPROC_PER_NODE="2"))
     placed = pmix.Placement(0, 2, ["n2", "n1"], "prterun-x-1@1", "/lib/libpmix.so.2", "4.2", "child", 0.0)
-    got = _from_pmix(openmpi, placed)
+    got = apply(openmpi, Pmix.answer(placed))
     assert (got.node_rank, got.num_nodes, got.master_addr) == (0, 2, "n2")
     with pytest.raises(DistEnvError, match=r"PMIx placement \(pmix.hname of every rank\) found 2 processes on 1 hosts.*ppr:1:node"):
-        _from_pmix(openmpi, pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0))
+        apply(openmpi, Pmix.answer(pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0)))
 
 
 # -- what a service fills replaces only distenv's own choices, by kind, not by wording ------------
@@ -76,28 +77,29 @@ def test_the_exchange_port_replaces_only_a_port_distenv_chose():
 
     from distenv import pmi
     from distenv.description import DEFAULT, DERIVED, Why, kind_of
-    from distenv.discovery import _from_exchange
+    from distenv.discovery.apply import apply
+    from distenv.discovery.services import Pmi
 
     pmi_port = {"PMI_RANK": "1", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}  # no PMI_SIZE
     env = resolve(pmi_port)
     assert kind_of(env.provenance["master_port"]) == DEFAULT and env.master_port == 29500
     assert any("no job id" in n for n in env.notes) and any("no world size" in n for n in env.notes)
     ex = pmi.Exchange(1, 2, ["n1", "n2"], "port", 0.0, "t", "kvs_1_0_x_n1", port=41234)
-    got = _from_exchange(env, ex)
+    got = apply(env, Pmi.answer(ex))
     assert (got.master_port, got.world_size, got.master_addr) == (41234, 2, "n1")
     assert not any("no job id" in n or "no world size" in n for n in got.notes), got.notes
     # Without a published port: one derived from the key-value space name, not 29500.
-    derived = _from_exchange(env, pmi.Exchange(1, 2, ["n1", "n2"], "port", 0.0, "t", "kvs_1_0_x_n1"))
+    derived = apply(env, Pmi.answer(pmi.Exchange(1, 2, ["n1", "n2"], "port", 0.0, "t", "kvs_1_0_x_n1")))
     assert derived.master_port not in (29500, None) and "kvs_1_0_x_n1" in derived.provenance["master_port"]
     # A port derived from a job id (Intel MPI's UUID) is distenv's choice too: replaced.
     intel = resolve({**pmi_port, "PMI_SIZE": "2", "I_MPI_HYDRA_UUID": "u-1"})
     assert kind_of(intel.provenance["master_port"]) == DERIVED
-    assert _from_exchange(intel, ex).master_port == 41234
+    assert apply(intel, Pmi.answer(ex)).master_port == 41234
     # The user's MASTER_PORT stays; so does any port whose provenance has no kind, whatever it says.
     given = resolve({**pmi_port, "MASTER_PORT": "23456"})
-    assert _from_exchange(given, ex).master_port == 23456
+    assert apply(given, Pmi.answer(ex)).master_port == 23456
     reworded = type(env)(env.to_dict(), {**env.provenance, "master_port": "torch's default"}, env.notes)
-    assert _from_exchange(reworded, ex).master_port == 29500
+    assert apply(reworded, Pmi.answer(ex)).master_port == 29500
     # Kinds survive copies, pickling and JSON (as plain text there).
     back = pickle.loads(pickle.dumps(env))
     assert kind_of(back.provenance["master_port"]) == DEFAULT and back == env

@@ -7,7 +7,9 @@
   core: every resolution rule (placement, ports, knobs) lives in the core, where it is
   tested once;
 * an adapter reads no launcher variable and compares no launcher name: it branches on what the
-  launch's `Source` declares.
+  launch's `Source` declares;
+* no import circle: no module reaches itself through imports run at any time, those inside
+  functions included (only ``if TYPE_CHECKING:`` blocks, which never run, are left out).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ ADAPTERS = ("distenv.torch", "distenv.lightning", "distenv.transformers", "diste
             "distenv.tensorflow", "distenv.keras", "distenv.horovod", "distenv.jax")
 #: Tools: they may import anything (they drive adapters and the core); not core.
 TOOLS = ("distenv.cli", "distenv.__main__", "distenv.doctor", "distenv.run", "distenv.auto",
-         "distenv._autostart", "distenv.display")
+         "distenv._autostart", "distenv.display", "distenv.nodemap")
 #: What an adapter may import from the core. Public API:
 PUBLIC = ("distenv", "distenv.description", "distenv.errors", "distenv.resolver",
           "distenv.discovery", "distenv.export")
@@ -285,3 +287,94 @@ def test_core_and_tools_compare_no_launcher_name():
     found = [f"{name}: {value!r}" for name, text, _ in _modules() if _outside_sources(name)
              for value in launcher_comparisons(text) if value not in ALLOWED_NAMES]
     assert not found, found
+
+
+# -- no import circle (issue 29, item 5) ---------------------------------------------------------
+def _runs(node) -> bool:
+    """Is this statement's body ever executed? ``if TYPE_CHECKING:`` is for type checkers only."""
+    test = getattr(node, "test", None)
+    return not (isinstance(node, ast.If) and (
+        isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+        or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def runtime_imports(name: str, text: str, is_package: bool = False):
+    """The distenv modules a module imports when run: at the top or inside any function."""
+    keep = []
+
+    def visit(node):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            keep.append(node)
+        for child in ast.iter_child_nodes(node):
+            if _runs(child):
+                visit(child)
+            else:  # the else branch of ``if TYPE_CHECKING:`` runs
+                for other in child.orelse:
+                    visit(other)
+
+    visit(ast.parse(text))
+    return imports(name, ast.unparse(ast.Module(body=keep, type_ignores=[])), is_package)
+
+
+def circles(modules) -> "list[list[str]]":
+    """Every import circle: each strongly connected group of more than one module (Tarjan)."""
+    modules = list(modules)
+    names = {m for m, _, _ in modules}
+    graph = {m: set() for m in names}
+    for name, text, is_package in modules:
+        for imported, taken in runtime_imports(name, text, is_package):
+            if imported.split(".")[0] != "distenv":
+                continue
+            for target in [f"{imported}.{t}" for t in taken if f"{imported}.{t}" in names] or [imported]:
+                target = _known_module(target, names)
+                if target != name:
+                    graph[name].add(target)
+    index: "dict[str, int]" = {}
+    low: "dict[str, int]" = {}
+    stack: "list[str]" = []
+    out = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_circle_finder_sees_lazy_imports_not_type_checking_ones():
+    fake = [
+        ("distenv.description", "def export(self):\n    from .export import export\n", False),
+        ("distenv.export", "from .fields import PER_NODE\nfrom . import sources as s\n", False),
+        ("distenv.sources", "TYPE_CHECKING = False\nif TYPE_CHECKING:\n"
+                            "    from ..description import Later\nelse:\n    from .. import fields\n", True),
+        ("distenv.fields", "", False),
+        ("distenv.discovery", "from .services import PMI_WHY\n", True),
+        ("distenv.discovery.services", "def ask():\n    from . import PMI_WHY\n", False),
+    ]
+    assert circles(fake) == [["distenv.discovery", "distenv.discovery.services"]]
+    fake[2] = ("distenv.sources", "def f():\n    from ..description import Later\n", True)
+    assert sorted(circles(fake)) == [["distenv.description", "distenv.export", "distenv.sources"],
+                                     ["distenv.discovery", "distenv.discovery.services"]]
+
+
+def test_no_import_circle():
+    found = circles(_modules())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)

@@ -18,7 +18,9 @@ import pytest
 
 from distenv import DistEnvError, pmi, resolve
 from distenv.description import DECLINED, about
-from distenv.discovery import PMI_WHY, _from_exchange, complete
+from distenv.discovery import PMI_WHY, complete
+from distenv.discovery.apply import apply
+from distenv.discovery.services import Pmi
 from distenv.ports import port_for
 from envs import hydra_rank
 
@@ -319,7 +321,7 @@ def test_from_exchange_fills_placement_and_port():
     assert env.world_size is None and env.master_port == 29500
     ex = pmi.Exchange(2, 4, ["node2", "node2", "node1", "node1"], "port", 0.01, "t",
                       "kvs_1_0_2_node1")
-    got = _from_exchange(env, ex)
+    got = apply(env, Pmi.answer(ex))
     assert (got.world_size, got.master_addr, got.node_rank, got.num_nodes, got.hosts) == \
         (4, "node2", 1, 2, ("node2", "node1"))
     assert got.provenance["master_addr"] == f"{PMI_WHY} (Hydra, -pmi-port)"
@@ -330,7 +332,7 @@ def test_from_exchange_fills_placement_and_port():
 def test_from_exchange_refuses_another_jobs_rank():
     env = resolve(HYDRA)
     with pytest.raises(DistEnvError, match="rank 0"):
-        _from_exchange(env, pmi.Exchange(0, 2, ["a", "b"], "fd", 0, "t", "k"))
+        apply(env, Pmi.answer(pmi.Exchange(0, 2, ["a", "b"], "fd", 0, "t", "k")))
 
 
 def test_handoff_round_trip(monkeypatch):
@@ -639,12 +641,12 @@ def test_every_rank_gets_rank_0s_port():
 
 def test_from_exchange_uses_the_port_rank_0_found_free():
     from distenv import resolve
-    from distenv.discovery import PMI_WHY, _from_exchange
+    from distenv.discovery import PMI_WHY
     env = resolve({"PMI_ID": "2", "PMI_PORT": "node1:3333", "MPI_LOCALRANKID": "0",
                    "MPI_LOCALNRANKS": "2"})
     ex = pmi.Exchange(2, 4, ["node2", "node2", "node1", "node1"], "port", 0.01, "t",
                       "kvs_1_0_2_node1", 23456)
-    got = _from_exchange(env, ex)
+    got = apply(env, Pmi.answer(ex))
     assert got.master_port == 23456 and got.master_addr == "node2"
     assert got.provenance["master_port"].startswith("free on rank 0's host (node2)")
     assert PMI_WHY in got.provenance["master_port"]
@@ -652,12 +654,12 @@ def test_from_exchange_uses_the_port_rank_0_found_free():
     # an explicit MASTER_PORT wins; a MASTER_ADDR that is not rank 0's host keeps the derived port
     given = resolve(hydra_rank(1, 4, 1, 2, MASTER_PORT="31000"))
     ex1 = pmi.Exchange(1, 4, ex.hosts, "fd", 0.01, "t", "kvs_1", 23456)
-    assert _from_exchange(given, ex1).master_port == 31000
+    assert apply(given, Pmi.answer(ex1)).master_port == 31000
     elsewhere = resolve(hydra_rank(1, 4, 1, 2, MASTER_ADDR="node9"))
-    assert _from_exchange(elsewhere, ex1).master_port != 23456
+    assert apply(elsewhere, Pmi.answer(ex1)).master_port != 23456
     # no port published (an answer from before an exec): the kvsname-derived port as before
     ex0 = pmi.Exchange(2, 4, ex.hosts, "port", 0.01, "t", "kvs_1_0_2_node1")
-    assert "key-value space name" in _from_exchange(env, ex0).provenance["master_port"]
+    assert "key-value space name" in apply(env, Pmi.answer(ex0)).provenance["master_port"]
 
 
 def test_a_program_that_ignores_sigchld_still_exchanges():

@@ -15,7 +15,9 @@ import time
 import pytest
 
 from distenv import DistEnvError, discovery, pmix, resolve
-from distenv.discovery import PMIX_WHY, _from_pmix, complete, discover
+from distenv.discovery import PMIX_WHY, complete, discover
+from distenv.discovery.apply import apply
+from distenv.discovery.services import Pmix
 from envs import ompi
 
 
@@ -172,7 +174,7 @@ def placement(rank, hosts=("node2", "node2", "node1", "node1")):
 
 def test_from_pmix_fills_the_placement():
     env = resolve(ompi4(3))
-    got = _from_pmix(env, placement(3), "orted")
+    got = apply(env, Pmix.answer(placement(3), "orted"))
     assert (got.master_addr, got.node_rank, got.num_nodes, got.local_world_size) == ("node2", 1, 2, 2)
     assert got.hosts == ("node2", "node1") and got.rank_hosts == ("node2", "node2", "node1", "node1")
     assert got.provenance["master_addr"] == f"{PMIX_WHY} (pmix.hname of every rank, orted)"
@@ -180,7 +182,7 @@ def test_from_pmix_fills_the_placement():
 
 def test_from_pmix_refuses_another_job_s_rank():
     with pytest.raises(DistEnvError, match=r"but PMIx placement .* says rank 2"):
-        _from_pmix(resolve(ompi4(3)), placement(2))
+        apply(resolve(ompi4(3)), Pmix.answer(placement(2)))
 
 
 def test_complete_and_auto_use_pmix_without_mpi4py(monkeypatch):

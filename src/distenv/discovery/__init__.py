@@ -30,20 +30,15 @@ from __future__ import annotations
 from ..description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note, unsettled
 from ..errors import DistEnvError
 from .apply import STALE, Answer, apply, from_hostnames
+from .services import PMI_WHY, PMIX_WHY
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from ..pmi import Exchange
-    from ..pmix import Placement
     from .services import Service
 
-#: The provenance of every field the key-value exchange fills.
-PMI_WHY = "PMI-1 key-value exchange"
-#: The provenance of every field the PMIx server's placement fills.
-PMIX_WHY = "PMIx placement"
 #: What `discover` accepts as `method`.
 METHODS = ("auto", "apinfo", "pmix", "pmi", "mpi4py")
 
@@ -73,20 +68,6 @@ def _mpi_ready() -> Any:
     except Exception:  # noqa: BLE001 - a broken or fake binding: not usable
         pass
     return None
-
-
-def _from_exchange(env: DistEnv, ex: "Exchange") -> DistEnv:
-    """`env` completed from a PMI-1 exchange `ex` (distenv.pmi.Exchange)."""
-    from .services import Pmi
-
-    return apply(env, Pmi.answer(ex))
-
-
-def _from_pmix(env: DistEnv, got: "Placement", server: str = "") -> DistEnv:
-    """`env` completed from the PMIx server's placement `got` (distenv.pmix.Placement)."""
-    from .services import Pmix
-
-    return apply(env, Pmix.answer(got, server))
 
 
 class Declined(str):

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
     from ..description import DistEnv
 
+#: The provenance of every field the key-value exchange fills.
+PMI_WHY = "PMI-1 key-value exchange"
+#: The provenance of every field the PMIx server's placement fills.
+PMIX_WHY = "PMIx placement"
+
 
 class Service:
     """One launcher service. `collective`: every rank must call `ask` (a rank that does not
@@ -133,7 +138,6 @@ class Pmix(Service):
     @staticmethod
     def answer(got: Any, server: str = "") -> Answer:
         """A `distenv.pmix.Placement` as an `Answer`."""
-        from . import PMIX_WHY
 
         which = "every rank" if got.full else "rank 0"
         why = f"{PMIX_WHY} (pmix.hname of {which}{', ' + server if server else ''})"
@@ -175,7 +179,6 @@ class Pmi(Service):
     @staticmethod
     def answer(ex: Any) -> Answer:
         """A `distenv.pmi.Exchange` as an `Answer`."""
-        from . import PMI_WHY
 
         how = "PMI_FD" if ex.mode == "fd" else "-pmi-port"
         why = f"{PMI_WHY} ({ex.server}, {how})"

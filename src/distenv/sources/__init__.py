@@ -9,8 +9,9 @@ runs and may fill what the launcher left unknown (typically the master address);
 platforms are launchers too when they start one process per node themselves.
 
 Modules are imported only when one of their markers is present, which keeps
-``import distenv`` and ``resolve()`` cheap. To add a source, write a module with a
-`Source` subclass and call `register` (see ``distenv.sources.flux`` for a small one).
+``import distenv`` and ``resolve()`` cheap. To add a source, write a module here whose
+``SOURCE`` is an instance of a `Source` subclass (``distenv.sources.flux`` is a small one) and
+add an `Entry` for it to `LAUNCHERS` (where the nesting rule puts it) or `PLATFORMS`.
 """
 
 from __future__ import annotations
@@ -168,12 +169,11 @@ class Source:
 class Entry:
     __slots__ = ("name", "module", "markers", "_source")
 
-    def __init__(self, name: str, module: "str | None", markers: "Iterable[str]",
-                 source: "Source | None" = None) -> None:
+    def __init__(self, name: str, module: str, markers: "Iterable[str]") -> None:
         self.name = name
         self.module = module
         self.markers = tuple(markers)
-        self._source = source
+        self._source: "Source | None" = None
 
     def load(self) -> Source:
         if self._source is None:
@@ -297,16 +297,6 @@ def covered(framework: str) -> "frozenset[str]":
     return frozenset(c[len(prefix):] for s in _all_sources() for c in s.covers if c.startswith(prefix))
 
 
-def launchers_of(family_name: str) -> "tuple[str, ...]":
-    """Every launcher name (aliases included) of a family."""
-    out: "list[str]" = []
-    for entry in LAUNCHERS:
-        source = entry.load()
-        if source.family == family_name:
-            out.extend(source.names())
-    return tuple(out)
-
-
 def prefixes(family_name: "str | None" = None) -> "tuple[str, ...]":
     """The variable prefixes of every source (of one family when given), each once."""
     out: "list[str]" = []
@@ -325,22 +315,3 @@ def find(name: str) -> "Entry | None":
         if name in entry.load().aliases:
             return entry
     return None
-
-
-def register(source: Source, markers: "Iterable[str]", before: "str | None" = None,
-             platform: bool = False) -> Entry:
-    """Add a source (an instance) that becomes a candidate when one of `markers` is set.
-
-    `before` names an existing entry it must take precedence over (default: just before
-    the generic ``env`` launcher, or last among platforms).
-    """
-    table = PLATFORMS if platform else LAUNCHERS
-    entry = Entry(source.name, None, markers, source)
-    index: "int | None" = len(table) if platform else len(table) - 1
-    if before is not None:
-        index = next((i for i, e in enumerate(table) if e.name == before), None)
-        if index is None:
-            raise ValueError(f"no source named {before!r}")
-    assert index is not None
-    table.insert(index, entry)
-    return entry
