@@ -2,18 +2,23 @@
 
 block_layout's proof is the calling platform's documented layout (docs/inferences.md);
 address_lines reads the node lists SkyPilot and dstack document (line k: node rank k);
-check_master refuses a MASTER_ADDR that names another node of such a list than node 0.
+check_master refuses a MASTER_ADDR that names another node of such a list than node 0;
+NodeList is what those two per-node platforms share (the node index, the placement rule).
 """
 
 from __future__ import annotations
 
+from ..description import PER_NODE
 from ..errors import DistEnvError
 from ..reading import get_int, Reading, show
+from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import Any
 
+    from ..description import Later
     from ..reading import Env
 
 
@@ -81,3 +86,37 @@ def check_master(env: "Env", hosts: "tuple[str, ...]", why: str) -> None:
         f"MASTER_ADDR={show(given)} is node {hosts.index(given)}'s address in {why}, but rank 0 "
         f"runs on node 0 ({hosts[0]}). Fix: unset MASTER_ADDR (distenv takes node 0's address "
         f"from {why}), or set it to node 0's address.")
+
+
+class NodeList(Source):
+    """A platform that runs a task's commands once on each node, gives the node's index in
+    `rank_var` and lists the nodes' addresses in `ips_var`, line k = node rank k (SkyPilot,
+    dstack): a per-node launch whose workers are numbered node_rank * nproc_per_node +
+    local_rank (`distenv run` starts them)."""
+
+    family = "platform"
+    #: The node index variable, the address list variable, and what the platform did (for
+    #: the launcher's provenance).
+    rank_var = ""
+    ips_var = ""
+    started = ""
+
+    def read_node(self, env: "Env", r: Reading) -> "int | None":
+        """The per-node launch and this node's index."""
+        r.launch = PER_NODE
+        r.set("launcher", self.name, f"{self.rank_var}: {self.started}")
+        node = get_int(env, self.rank_var, self.title)
+        r.set("node_rank", node, f"{self.rank_var}={node}")
+        return node
+
+    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
+              ) -> "tuple[Later, str] | None":
+        """Node k (line k of the address list) runs ranks k*nproc .. k*nproc+nproc-1, also
+        when each node is its only worker (a per-process launch)."""
+        if values.get("launcher") not in self.names():
+            return None
+        from ..placement import repeated
+
+        return repeated(values, f"{self.ips_var} in node order, nproc_per_node="
+                                f"{values.get('nproc_per_node')} each (workers are numbered "
+                                "node_rank * nproc_per_node + local_rank)")

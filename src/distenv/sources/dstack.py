@@ -44,17 +44,12 @@ a port key.
 
 from __future__ import annotations
 
-from ..description import PER_NODE
 from ..errors import DistEnvError
 from ..reading import get_int, show
-from . import Source
-from ._common import address_lines, check_master
+from ._common import NodeList, address_lines, check_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from typing import Any
-
-    from ..description import Later
     from ..reading import Env, Reading
 
 #: The fix for dstack variables distenv cannot read.
@@ -66,19 +61,16 @@ IPS = "DSTACK_NODES_IPS"
 GIVEN = ("DISTENV_NPROC_PER_NODE=", "given to resolve()")
 
 
-class Dstack(Source):
+class Dstack(NodeList):
     name = "dstack"
     title = "dstack"
-    family = "platform"
     prefixes = ("DSTACK_",)
     pass_on = "env: [{name}={value}] in the dstack configuration"
+    rank_var, ips_var = "DSTACK_NODE_RANK", IPS
+    started = "dstack's runner started the task's commands once on each node"
 
     def read(self, env: "Env", r: "Reading") -> None:
-        r.launch = PER_NODE
-        r.set("launcher", self.name,
-              "DSTACK_NODE_RANK: dstack's runner started the task's commands once on each node")
-        node = get_int(env, "DSTACK_NODE_RANK", self.title)
-        r.set("node_rank", node, f"DSTACK_NODE_RANK={node}")
+        node = self.read_node(env, r)
         count = r.int_from(env, "num_nodes", "DSTACK_NODES_NUM", self.title, minimum=1)
         if node is not None and count is not None and node >= count:
             raise DistEnvError(f"DSTACK_NODE_RANK={node} is not below DSTACK_NODES_NUM={count}: "
@@ -125,18 +117,6 @@ class Dstack(Source):
             f"DSTACK_GPUS_PER_NODE={per}: the run's nodes have different GPU counts, so one worker "
             "per GPU would start different numbers of workers on them. Fix: give every node the "
             "same count: distenv run --nproc-per-node N (DISTENV_NPROC_PER_NODE=N).")
-
-    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
-              ) -> "tuple[Later, str] | None":
-        """Node k (line k of DSTACK_NODES_IPS) runs ranks k*nproc .. k*nproc+nproc-1, also
-        when each node is its only worker (a per-process launch)."""
-        if values.get("launcher") not in self.names():
-            return None
-        from ..placement import repeated
-
-        return repeated(values, f"{IPS} in node order, nproc_per_node="
-                                f"{values.get('nproc_per_node')} each (workers are numbered "
-                                "node_rank * nproc_per_node + local_rank)")
 
 
 def _uneven(env: "Env", nodes: "int | None", per: int) -> "int | None":

@@ -48,17 +48,12 @@ per node; ``distenv run --nproc-per-node gpu`` makes it a per-node launch there)
 
 from __future__ import annotations
 
-from ..description import PER_NODE
 from ..errors import DistEnvError
 from ..reading import get_int
-from . import Source
-from ._common import address_lines, check_master
+from ._common import NodeList, address_lines, check_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from typing import Any
-
-    from ..description import Later
     from ..reading import Env, Reading
 
 #: The fix for SkyPilot variables distenv cannot read.
@@ -67,19 +62,16 @@ FIX = ("Fix: leave SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES and SKYPILOT_NODE_IPS 
 IPS = "SKYPILOT_NODE_IPS"
 
 
-class SkyPilot(Source):
+class SkyPilot(NodeList):
     name = "skypilot"
     title = "SkyPilot"
-    family = "platform"
     prefixes = ("SKYPILOT_",)
     pass_on = "sky launch --env {name}={value} (or the task YAML's envs:)"
+    rank_var, ips_var = "SKYPILOT_NODE_RANK", IPS
+    started = "SkyPilot ran the task's run commands once on each node"
 
     def read(self, env: "Env", r: "Reading") -> None:
-        r.launch = PER_NODE
-        r.set("launcher", self.name,
-              "SKYPILOT_NODE_RANK: SkyPilot ran the task's run commands once on each node")
-        node = get_int(env, "SKYPILOT_NODE_RANK", self.title)
-        r.set("node_rank", node, f"SKYPILOT_NODE_RANK={node}")
+        node = self.read_node(env, r)
         count = get_int(env, "SKYPILOT_NUM_NODES", self.title, minimum=1)
         raw = env.get(IPS)
         ips = address_lines(raw, IPS, FIX) if raw is not None else None
@@ -122,18 +114,6 @@ class SkyPilot(Source):
         r.set("hosts", ips, why)
         r.set("master_addr", ips[0], f"first line of {IPS}: node rank 0's IP, where rank 0 runs")
         check_master(env, ips, IPS)
-
-    def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
-              ) -> "tuple[Later, str] | None":
-        """Node k (line k of SKYPILOT_NODE_IPS) runs ranks k*nproc .. k*nproc+nproc-1, also
-        when each node is its only worker (a per-process launch)."""
-        if values.get("launcher") not in self.names():
-            return None
-        from ..placement import repeated
-
-        return repeated(values, f"{IPS} in node order, nproc_per_node="
-                                f"{values.get('nproc_per_node')} each (workers are numbered "
-                                "node_rank * nproc_per_node + local_rank)")
 
 
 SOURCE = SkyPilot()
