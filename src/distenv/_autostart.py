@@ -2,7 +2,10 @@
 
 The wheel ships ``distenv_auto.pth`` at the root of site-packages; its one line checks
 ``os.environ`` (already imported by `site`) and imports this module only when
-``DISTENV_AUTO`` is set and not ``0``, so an interpreter without it pays one dict lookup.
+``DISTENV_AUTO`` is set and not ``0``, or when a ``DISTENV_*`` name as short as it is set that
+distenv does not use (``DISTENV_AUOT``: a misspelled DISTENV_AUTO would otherwise leave the
+script undistributed without a word; this module then warns, naming DISTENV_AUTO). An
+interpreter without them pays one look at each variable's name.
 A launch distenv cannot describe ends the interpreter with the one-line error
 ``distenv: error: ... Fix: ...`` (exit 2; ``DISTENV_TRACEBACK=1`` adds the traceback):
 training undistributed would be worse.
@@ -27,8 +30,15 @@ def _is_distenv_cli() -> bool:
 
 
 def _start() -> None:
-    flag = os.environ.get("DISTENV_AUTO", "").strip().lower()
-    if flag in ("", "0", "false", "no", "off") or _is_distenv_cli():
+    from .knobs import AUTO, unknown
+
+    if _is_distenv_cli():
+        return  # the command warns of unknown names itself (the doctor reports them)
+    if unknown():  # a misspelled DISTENV_AUTO: the .pth line imports this module for it too
+        from .log import warn_unknown_knobs
+
+        warn_unknown_knobs()
+    if not AUTO.value():
         return
     from .errors import DistEnvError
 
@@ -43,7 +53,7 @@ def _start() -> None:
             import traceback
 
             traceback.print_exc()
-        sys.stderr.write(f"{error_line(exc)} (DISTENV_AUTO={os.environ['DISTENV_AUTO']}; "
+        sys.stderr.write(f"{error_line(exc)} ({AUTO}={AUTO.raw()}; "
                          "unset it to start without distenv)\n")
         sys.stderr.flush()  # os._exit skips the flush at exit
         os._exit(EXIT_STATUS)

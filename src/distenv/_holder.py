@@ -178,9 +178,12 @@ def _spawn(name: str, guard: int) -> bool:
         os.set_inheritable(fd, True)
         # -I: isolated (no cwd, user site or PYTHON* variables); -S: no site at all.
         # posix_spawn, not subprocess: importing subprocess alone costs a rank ~13 ms.
-        argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(guard)]
-        log = os.environ.get("DISTENV_HOLDER_LOG")
-        env = {"DISTENV_HOLDER_LOG": log} if log else {}
+        from .knobs import HOLDER_LOG
+
+        # the log file, if any, as an argument: the holder runs outside the package (-I -S)
+        argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(guard),
+                HOLDER_LOG.raw() or ""]
+        env: "dict[str, str]" = {}
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
                    (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
         pid = os.posix_spawn(sys.executable, argv, env, file_actions=actions)
@@ -415,7 +418,8 @@ class _Main:
     """The holder: serves this user's processes that descend from `daemon` (the launcher's
     daemon on this node, or the one task a holder was started for)."""
 
-    def __init__(self, listener: Any, daemon: int) -> None:
+    def __init__(self, listener: Any, daemon: int, log: str = "") -> None:
+        self.log_path = log
         self.loop = _Loop()
         self.listener, self.daemon, self.uid = listener, daemon, os.getuid()
         self.tasks: "dict[int, _Task]" = {}
@@ -426,10 +430,9 @@ class _Main:
         self.last_id = 0
 
     def log(self, text: str) -> None:
-        path = os.environ.get("DISTENV_HOLDER_LOG")
-        if path:
+        if self.log_path:
             try:
-                with open(path, "a") as f:
+                with open(self.log_path, "a") as f:
                     f.write(f"{time.time():.3f} holder {os.getpid()}: {text}\n")
             except OSError:
                 pass
@@ -750,13 +753,13 @@ class _Claim:
 
 
 def _main(argv: "list[str]") -> None:
-    keep, guard = int(argv[1]), int(argv[2])
+    keep, guard, log = int(argv[1]), int(argv[2]), (argv[3] if len(argv) > 3 else "")
     os.closerange(3, keep)  # posix_spawn passed every inheritable descriptor of the rank
     os.closerange(keep + 1, 1 << 16)
     if os.fork() != 0:  # the first process ends at once (see `_spawn`)
         os._exit(0)
     os.setsid()
-    main = _Main(_sock(keep), guard)
+    main = _Main(_sock(keep), guard, log)
     try:
         main.run()
     except BaseException as exc:  # noqa: BLE001 - nobody to report to but the log

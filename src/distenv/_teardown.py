@@ -62,7 +62,9 @@ _registered = False
 
 
 def _off() -> bool:
-    return os.environ.get("DISTENV_TEARDOWN", "").strip().lower() in ("0", "false", "no", "off")
+    from .knobs import TEARDOWN
+
+    return not TEARDOWN.value()
 
 
 def register() -> None:

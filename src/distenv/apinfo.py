@@ -130,10 +130,10 @@ def parse(data: bytes) -> Layout:
 
 def offer(environ: "Mapping[str, str]") -> "tuple[str | None, str]":
     """(the file's path, "") or (None, why not): no file named, or turned off."""
-    from .knobs import switched_off
+    from .knobs import APINFO
 
-    if switched_off(environ, "DISTENV_APINFO"):
-        return None, "DISTENV_APINFO=0"
+    if not APINFO.value(environ):
+        return None, f"{APINFO}=0"
     path = environ.get("PALS_APINFO", "").strip()
     if not path:
         return None, "no Cray PALS apinfo file (PALS_APINFO is not set)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from .fields import FIELDS, PER_NODE
+from .knobs import HOSTFILE, NPROC_PER_NODE
 from .errors import DistEnvError
 
 if TYPE_CHECKING:
@@ -33,12 +34,12 @@ _SET = {
     "local_world_size": "LOCAL_WORLD_SIZE",
     "node_rank": "NODE_RANK",
     "num_nodes": "resolve(num_nodes=N)",
-    "nproc_per_node": "DISTENV_NPROC_PER_NODE",
+    "nproc_per_node": NPROC_PER_NODE,
     "master_addr": "MASTER_ADDR (rank 0's host name or address)",
     "master_port": "MASTER_PORT",
     "platform": "a platform's own variables",
-    "hosts": "DISTENV_HOSTFILE",
-    "rank_hosts": "DISTENV_HOSTFILE",
+    "hosts": HOSTFILE,
+    "rank_hosts": HOSTFILE,
     "job_id": "the launcher's job id",
 }
 _WORKER = ("rank", "local_rank")

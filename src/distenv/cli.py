@@ -279,6 +279,12 @@ def main(argv: "Iterable[str] | None" = None) -> int:
             # (argparse leaves a subcommand's unknown options to the top-level parser).
             sub: argparse.ArgumentParser = getattr(args, "parser", parser)
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
+        from .knobs import unknown
+
+        if args.func is not _doctor and unknown():  # the doctor reports them in its findings
+            from .log import warn_unknown_knobs  # logging only then: it costs milliseconds
+
+            warn_unknown_knobs()
         code: int = args.func(args)  # a Namespace attribute is Any: _show, _export or _doctor
         return code
     except DistEnvError as exc:

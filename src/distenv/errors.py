@@ -6,52 +6,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-#: Longest message: a garbage value of megabytes must not become a megabyte log line.
-MAX_MESSAGE = 2000
+# The class lives in the floor module (see there why); this is its public home.
+from ._error import MAX_MESSAGE as MAX_MESSAGE, DistEnvError as DistEnvError
+from ._error import split_fix as split_fix
 
-
-class DistEnvError(ValueError):
-    """A malformed, contradictory or incomplete launch environment.
-
-    The message names the variable(s), their value(s) and what to do. It is always one
-    printable line of at most MAX_MESSAGE characters, with anything that looks like a secret
-    (credentials in an address, tokens) redacted: values come from the environment and the
-    message ends up in logs.
-    """
-
-    def __init__(self, message: str = ""):
-        text = str(message)
-        if not text.isprintable():
-            text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-        if "@" in text or "=" in text or "_" in text:
-            from .redact import redact_text  # lazy: only on the error path
-
-            text = redact_text(text)  # before the cut, which could split a secret in half
-        if len(text) > MAX_MESSAGE:
-            text = text[: MAX_MESSAGE - 30] + f"... <{len(text)} chars>"
-        super().__init__(text)
-
-    @property
-    def fix(self) -> "str | None":
-        """What to do, the text after ``Fix:`` in the message (None if it has none)."""
-        return split_fix(str(self))[1]
-
-    @property
-    def problem(self) -> str:
-        """What is wrong: the message without its ``Fix:`` part."""
-        return split_fix(str(self))[0]
-
-
-def split_fix(message: str) -> "tuple[str, str | None]":
-    """(problem, fix) of a message whose fix follows ``Fix:``; (message, None) without one."""
-    head, sep, tail = message.partition("Fix:")
-    if not sep or not tail.strip():
-        return message, None
-    return head.rstrip(), tail.strip()
-
-
-#: Set to 1 to see the traceback of an uncaught DistEnvError instead of its one line.
-TRACEBACK_VAR = "DISTENV_TRACEBACK"
 #: Exit status of a process ended by an uncaught DistEnvError (as `distenv`'s own errors).
 EXIT_STATUS = 2
 
@@ -66,12 +24,11 @@ def error_line(exc: BaseException) -> str:
 def traceback_wanted() -> bool:
     """Does whoever runs this process want the traceback of a DistEnvError? ``DISTENV_TRACEBACK``
     set (not 0), ``DISTENV_LOG_LEVEL=debug``, or the ``distenv`` logger enabled for DEBUG."""
-    import os
     import sys
 
-    if os.environ.get(TRACEBACK_VAR, "").strip().lower() not in ("", "0", "false", "no", "off"):
-        return True
-    if os.environ.get("DISTENV_LOG_LEVEL", "").strip().lower() == "debug":
+    from .knobs import LOG_LEVEL, TRACEBACK  # lazy: only on the error path
+
+    if TRACEBACK.value() or (LOG_LEVEL.raw() or "").strip().lower() == "debug":
         return True
     logging = sys.modules.get("logging")  # not configured when never imported
     return logging is not None and logging.getLogger("distenv").isEnabledFor(logging.DEBUG)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from . import knobs
+
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -44,7 +46,7 @@ def visible_gpus(env: "Mapping[str, str]") -> "tuple[int, str]":
 # -- which GPUs a process takes: one policy for every adapter (torch, JAX, TensorFlow) ---------
 #: Written beside CUDA_VISIBLE_DEVICES when an adapter narrowed it to this process's GPUs: a
 #: second look (patch() then strategy(), initialize() twice) must not narrow the slice again.
-GPU_SLICE_VAR = "DISTENV_GPU_SLICE"
+GPU_SLICE_VAR = knobs.GPU_SLICE
 
 # What `share` and `one_device` decide (`Share.kind`).
 NONE = "none"        # no GPU visible

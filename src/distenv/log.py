@@ -27,11 +27,14 @@ import logging
 import os
 import sys
 
+from .knobs import LOG_LEVEL, unknown, unknown_message
+
 ROOT = "distenv"
-LEVEL_VAR = "DISTENV_LOG_LEVEL"
+LEVEL_VAR = LOG_LEVEL
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import TextIO
 
     _Handler = logging.StreamHandler[TextIO]  # generic for type checkers only (Python < 3.11)
@@ -88,3 +91,30 @@ def get_logger(name: str = ROOT) -> logging.Logger:
     if name != ROOT and not name.startswith(ROOT + "."):
         name = f"{ROOT}.{name}"
     return logging.getLogger(name)
+
+
+_warned = False
+
+
+def warn_unknown_knobs(environ: "Mapping[str, str] | None" = None,
+                       rank: "int | None | bool" = False) -> None:
+    """A warning line (logger ``distenv.knobs``) for each ``DISTENV_*`` name in the environment
+    distenv does not know, naming the nearest one it does; once per process, and only where
+    `rank` (default: this environment's, resolved) is 0 or unknown: one line per job, however
+    many ranks start."""
+    global _warned
+    if _warned or not unknown(environ):
+        return
+    _warned = True
+    if rank is False:
+        from .resolver import resolve
+
+        try:
+            rank = resolve(environ).rank
+        except Exception:  # noqa: BLE001 - a launch distenv cannot describe: still say it
+            rank = None
+    if rank not in (None, 0):
+        return
+    log = get_logger("knobs")
+    for name, nearest in unknown(environ):
+        log.warning(unknown_message(name, nearest))

@@ -80,6 +80,7 @@ import os
 import socket
 import time
 
+from . import knobs
 from .errors import DistEnvError
 from ._handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
 
@@ -97,7 +98,7 @@ SERVERS = {"hydra_pmi_proxy": "Hydra", "slurmstepd": "SLURM"}
 #: vallen_max, 1024 or 4096 measured); more is not this protocol.
 MAX_LINE = 1 << 16
 #: The environment variable `distenv run` passes to the command it execs ("<pid>[:<fd>]").
-HELD_VAR = "DISTENV_PMI_HELD"
+HELD_VAR = knobs.PMI_HELD
 #: Key prefix in the job's key-value space (MPICH's own keys are P<rank>-businesscard, ...).
 KEY = "distenv-host"
 #: Key prefix of rank 0's summary of every rank's host (`encode`, in parts: `split`).
@@ -144,11 +145,11 @@ def _comm(pid: int) -> str:
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, why) or (None, why not). Reads /proc and fstat's the fd:
     call it only where communication is about to happen."""
-    from .knobs import switched_off
+    from .knobs import PMI
 
     environ = os.environ if environ is None else environ
-    if switched_off(environ, "DISTENV_PMI"):
-        return None, "DISTENV_PMI=0"
+    if not PMI.value(environ):
+        return None, f"{PMI}=0"
     has_fd, has_port = "PMI_FD" in environ, "PMI_PORT" in environ and "PMI_ID" in environ
     if not (has_fd or has_port):
         return None, "no PMI-1 service (neither PMI_FD nor PMI_PORT/PMI_ID is set)"

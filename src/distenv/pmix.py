@@ -67,6 +67,7 @@ from __future__ import annotations
 import os
 import time
 
+from . import knobs
 from .errors import DistEnvError
 from ._handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
 from .pmix_relay import open_relay
@@ -85,7 +86,7 @@ SERVERS = {
     "slurmstepd": "slurm",
 }
 #: The environment variable `distenv run` passes to the command it execs.
-HELD_VAR = "DISTENV_PMIX_HELD"
+HELD_VAR = knobs.PMIX_HELD
 #: PMIx's soname (PMIx 2 to 5 keep ABI major 2).
 SONAME = "libpmix.so.2"
 
@@ -236,11 +237,11 @@ def server_kind(pid: int, exe: "str | None" = None, comm: "str | None" = None) -
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, "") or (None, why not). Reads /proc: call it only where
     communication is about to happen."""
-    from .knobs import switched_off
+    from .knobs import PMIX
 
     environ = os.environ if environ is None else environ
-    if switched_off(environ, "DISTENV_PMIX"):
-        return None, "DISTENV_PMIX=0"
+    if not PMIX.value(environ):
+        return None, f"{PMIX}=0"
     nspace, rank = environ.get("PMIX_NAMESPACE", ""), environ.get("PMIX_RANK", "").strip()
     if not nspace or not any(k.startswith("PMIX_SERVER_URI") for k in environ):
         return None, "no PMIx server (PMIX_NAMESPACE and PMIX_SERVER_URI* are not set)"

@@ -106,9 +106,9 @@ def open_relay(environ: "Mapping[str, str]", chain: Any = None) -> "Relay | None
     """A started relay for the server `environ` names, held for `chain`'s task (default: this
     process), or None (not TCP, no holder, or ``DISTENV_PMIX_RELAY=0``: the query connects
     directly, for comparison or if the relay itself is in the way)."""
-    from .knobs import switched_off
+    from .knobs import PMIX_RELAY
 
-    if switched_off(environ, "DISTENV_PMIX_RELAY"):
+    if not PMIX_RELAY.value(environ):
         return None
     where = server_address(environ)
     if where is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import DistEnvError
+from ._error import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:

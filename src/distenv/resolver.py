@@ -19,6 +19,7 @@ from . import ports
 from .description import (DEFAULT, DERIVED, FIELDS, PER_NODE, PER_PROCESS, UNKNOWN, DistEnv, Note,
                           Why, _build)
 from .errors import DistEnvError
+from .knobs import LAUNCHER, NPROC_PER_NODE
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
 from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
@@ -168,8 +169,8 @@ def resolved(env: "DistEnv | Mapping[str, str] | None" = None,
 
 def _choose(env: "Env", forced: "str | None") -> "tuple[Source, str]":
     why_forced = f"launcher={forced!r} given to resolve()"
-    if forced is None and env.get("DISTENV_LAUNCHER", "").strip():
-        forced, why_forced = env["DISTENV_LAUNCHER"], f"DISTENV_LAUNCHER={env['DISTENV_LAUNCHER']}"
+    if forced is None and LAUNCHER.raw(env):
+        forced, why_forced = env[LAUNCHER], f"{LAUNCHER}={env[LAUNCHER]}"
     if forced is not None:
         name = str(forced).strip().lower()
         entry = find(name)
@@ -283,9 +284,9 @@ def _no_gpu(why: str) -> str:
 def _wanted(env: "Env", override: "int | str | None") -> "tuple[int, str] | tuple[None, None]":
     if override is not None:
         return _nproc_override(override, env)
-    raw = env.get("DISTENV_NPROC_PER_NODE")
-    if raw is not None and raw.strip():
-        return _nproc_value(raw, "DISTENV_NPROC_PER_NODE", env)
+    raw = NPROC_PER_NODE.raw(env)
+    if raw is not None:
+        return _nproc_value(raw, NPROC_PER_NODE, env)
     return None, None
 
 

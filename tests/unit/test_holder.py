@@ -373,8 +373,19 @@ def test_a_process_outside_its_daemons_tree_is_refused(tmp_path):
 def test_the_services_look_for_the_clients_own_hand_off_variables():
     """discovery.services checks DISTENV_PMI_HELD / DISTENV_PMIX_HELD before importing a
     client (import costs a rank milliseconds): the names must be the clients' own."""
-    from distenv import pmi, pmix
+    from distenv import knobs, pmi, pmix
     from distenv.discovery import services
 
+    assert pmi.HELD_VAR is knobs.PMI_HELD and pmix.HELD_VAR is knobs.PMIX_HELD
     text = open(services.__file__).read()
-    assert f'"{pmi.HELD_VAR}" not in environ' in text and f'"{pmix.HELD_VAR}" not in environ' in text
+    assert "PMI_HELD.is_set(environ)" in text and "PMIX_HELD.is_set(environ)" in text
+    # absent: the client is not even imported; present: it is asked (and ignores a value that
+    # is not this process's hand-off)
+    code = ("import sys\nfrom distenv.discovery import services\n"
+            "for name, s, mod in (('DISTENV_PMI_HELD', services.Pmi(), 'distenv.pmi'),"
+            " ('DISTENV_PMIX_HELD', services.Pmix(), 'distenv.pmix')):\n"
+            "    assert s.inherited({}) is None and mod not in sys.modules\n"
+            "    assert s.inherited({name: 'x'}) is None and mod in sys.modules\n"
+            "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "ok\n", p.stderr

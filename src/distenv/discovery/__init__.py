@@ -47,10 +47,11 @@ def _debug(text: str) -> None:
     """A debug line on the ``distenv`` logger -- without importing `logging` (milliseconds a
     rank) unless the program already did or DISTENV_LOG_LEVEL=debug asks for it: otherwise
     no handler could show it."""
-    import os
     import sys
 
-    if "logging" in sys.modules or os.environ.get("DISTENV_LOG_LEVEL", "").strip().lower() == "debug":
+    from ..knobs import LOG_LEVEL
+
+    if "logging" in sys.modules or (LOG_LEVEL.raw() or "").strip().lower() == "debug":
         from ..log import get_logger
 
         get_logger(__name__).debug(text)

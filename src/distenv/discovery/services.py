@@ -146,7 +146,9 @@ class Pmix(Service):
                       full=got.full)
 
     def inherited(self, environ: "Mapping[str, str]") -> "Answer | None":
-        if "DISTENV_PMIX_HELD" not in environ:  # pmix.HELD_VAR, without importing pmix
+        from ..knobs import PMIX_HELD
+
+        if not PMIX_HELD.is_set(environ):  # pmix.HELD_VAR, without importing pmix
             return None
         from .. import pmix
 
@@ -187,7 +189,9 @@ class Pmi(Service):
                       one_per_node="mpiexec -ppn 1, srun --ntasks-per-node=1")
 
     def inherited(self, environ: "Mapping[str, str]") -> "Answer | None":
-        if "DISTENV_PMI_HELD" not in environ:  # pmi.HELD_VAR, without importing pmi
+        from ..knobs import PMI_HELD
+
+        if not PMI_HELD.is_set(environ):  # pmi.HELD_VAR, without importing pmi
             return None
         from .. import pmi
 

@@ -54,7 +54,7 @@ import os
 from ..errors import DistEnvError, split_fix
 from ..redact import redact_environ, redact_text
 from .autocheck import AUTO_PTH, _check_auto, site_dirs
-from .checks import _check_cpu, _check_gpus, _check_launch, _check_map
+from .checks import _check_cpu, _check_gpus, _check_knobs, _check_launch, _check_map
 from .network import _check_network, _probe
 from .report import LEVELS, SHOWN_NAMES, SHOWN_PREFIXES, Report, exit_code, render, summary
 from .system import HOSTS_FILE, INFINIBAND_DIR, NET_DEV, NET_ROUTE, hosts_lookup, interfaces, \
@@ -103,6 +103,7 @@ def _diagnose(environ: "Mapping[str, str] | None", probe: bool, timeout: float, 
         problem, fix = split_fix(message)
         rep.add("error", "launch", problem, fix or "correct or unset the variable it names "
                 "(distenv show --explain, once it resolves, shows where each field came from)")
+    _check_knobs(rep, environ)
     if with_versions:
         out["versions"] = versions(env, environ)
     if env is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ..knobs import AUTO
 from . import system
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -49,8 +50,7 @@ def _check_auto(rep: Report, environ: "Mapping[str, str]") -> "dict[str, Any] | 
     import shutil
     import sys
 
-    flag = environ.get("DISTENV_AUTO", "").strip().lower()
-    if flag in ("", "0", "false", "no", "off") or not environ.get("PATH"):
+    if not AUTO.value(environ) or not environ.get("PATH"):
         return None  # off, or no PATH to tell which `python` a launch runs
     out: "dict[str, Any]" = {}
     mine = os.path.dirname(os.path.abspath(sys.executable))
@@ -61,7 +61,7 @@ def _check_auto(rep: Report, environ: "Mapping[str, str]") -> "dict[str, Any] | 
         head = (system._read_bytes(os.path.realpath(python), 4) or b"")
         if head != b"\x7fELF":  # a wrapper (pyenv's shims, a script): which Python it runs is its business
             out[name] = {"path": python, "distenv_auto": None, "site_dirs": []}
-            rep.add("info", "auto", f"DISTENV_AUTO={environ['DISTENV_AUTO']}: `{name}` on PATH ({python}) "
+            rep.add("info", "auto", f"{AUTO}={environ[AUTO]}: `{name}` on PATH ({python}) "
                     "is a wrapper, not an interpreter: distenv cannot tell whether the Python it runs "
                     f"has distenv (an interpreter without it ignores DISTENV_AUTO silently).",
                     f"check with `{name} -c 'import distenv'`, or start scripts through "
@@ -71,12 +71,12 @@ def _check_auto(rep: Report, environ: "Mapping[str, str]") -> "dict[str, Any] | 
         has = [d for d in dirs if os.path.exists(os.path.join(d, AUTO_PTH))]
         out[name] = {"path": python, "distenv_auto": bool(has), "site_dirs": dirs}
         if has:
-            rep.add("ok", "auto", f"DISTENV_AUTO={environ['DISTENV_AUTO']}: `{name}` on PATH ({python}) "
+            rep.add("ok", "auto", f"{AUTO}={environ[AUTO]}: `{name}` on PATH ({python}) "
                     f"starts distenv ({AUTO_PTH} in {has[0]}).")
             continue
         here = " (this interpreter's directory)" if os.path.dirname(os.path.abspath(python)) == mine else ""
         rep.add("warning", "auto",
-                f"DISTENV_AUTO={environ['DISTENV_AUTO']} is set, but `{name}` on PATH ({python}{here}) has "
+                f"{AUTO}={environ[AUTO]} is set, but `{name}` on PATH ({python}{here}) has "
                 f"no {AUTO_PTH} in {', '.join(dirs) or 'any site-packages found'}: a script it runs "
                 "starts without distenv, and says nothing (torch then asks for RANK).",
                 f"install distenv into that environment ({python} -m pip install <distenv's "

@@ -26,6 +26,16 @@ def _int(value: object) -> "int | None":
         return None
 
 
+def _check_knobs(rep: Report, environ: "Mapping[str, str]") -> None:
+    """A DISTENV_* name distenv does not know: a warning naming the nearest one (a misspelled
+    DISTENV_AUTO leaves a script undistributed without a word)."""
+    from ..knobs import unknown, unknown_message
+
+    for name, nearest in unknown(environ):
+        problem, fix = split_fix(unknown_message(name, nearest))
+        rep.add("warning", "knobs", problem, fix)
+
+
 def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> None:
     if env.launcher == "none" and env.launch != PER_NODE:
         rep.add("info", "launch", "not launched distributed: a single process "
@@ -37,8 +47,10 @@ def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> No
         where = f" on {env.platform}" if env.platform else ""
         rep.add("ok", "launch", f"{env.launcher}{where}, {env.launch} launch: "
                 f"{env.provenance.get('launcher')}.")
-    if environ.get("DISTENV_LAUNCHER", "").strip():
-        rep.add("info", "launch", f"DISTENV_LAUNCHER={environ['DISTENV_LAUNCHER']} forces the launcher.")
+    from ..knobs import LAUNCHER
+
+    if LAUNCHER.raw(environ):
+        rep.add("info", "launch", f"{LAUNCHER}={environ[LAUNCHER]} forces the launcher.")
     from ..sources import find
 
     entry = find(env.launcher) if env.launcher else None

@@ -16,6 +16,8 @@ add an `Entry` for it to `LAUNCHERS` (where the nesting rule puts it) or `PLATFO
 
 from __future__ import annotations
 
+from .. import knobs
+
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -193,7 +195,7 @@ class Entry:
 # Order matters: see the module docstring. Markers: any one makes the source a candidate.
 LAUNCHERS = [
     # A worker Lightning started from a per-node process inherits the node's launcher variables.
-    Entry("lightning", "lightning_node", ("DISTENV_LIGHTNING_NODE",)),
+    Entry("lightning", "lightning_node", (knobs.LIGHTNING_NODE,)),
     Entry("torchrun", "torchrun", ("TORCHELASTIC_RUN_ID",)),
     Entry("deepspeed", "deepspeed", ("CROSS_RANK",)),
     Entry("horovodrun", "horovodrun", ("HOROVOD_RANK",)),
@@ -211,7 +213,7 @@ LAUNCHERS = [
     Entry("skypilot", "skypilot", ("SKYPILOT_NODE_RANK",)),
     Entry("dstack", "dstack", ("DSTACK_NODE_RANK",)),
     # Indexed Job / JobSet pods: only with the template's DISTENV_JOB_COMPLETIONS (detect()).
-    Entry("k8s_job", "k8s_job", ("JOB_COMPLETION_INDEX", "DISTENV_JOB_COMPLETIONS")),
+    Entry("k8s_job", "k8s_job", ("JOB_COMPLETION_INDEX", knobs.JOB_COMPLETIONS)),
     Entry("tf_config", "tfconfig", ("TF_CONFIG",)),
     Entry("env", "plain", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
 ]

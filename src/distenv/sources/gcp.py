@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..description import PER_NODE
 from ..errors import DistEnvError
+from ..knobs import NPROC_PER_NODE
 from ..reading import get_int, parse_json
 from . import Source
 
@@ -135,7 +136,7 @@ class GoogleCloud(Source):
         # which the TF_CONFIG source describes better.
         # Asked for several workers per replica (distenv run --nproc-per-node on a custom
         # container), the replica is a node whatever TF_CONFIG says.
-        return "RANK" in env or "TF_CONFIG" not in env or bool(env.get("DISTENV_NPROC_PER_NODE"))
+        return "RANK" in env or "TF_CONFIG" not in env or bool(env.get(NPROC_PER_NODE))
 
     def read(self, env: "Env", r: "Reading") -> None:
         spec = cluster_spec(env)

@@ -74,6 +74,7 @@ JobSet's labels), and that ``parallelism`` equals ``completions``.
 from __future__ import annotations
 
 from ..description import PER_NODE
+from .. import knobs
 from ..errors import DistEnvError
 from ..reading import get_int, show
 from . import Source
@@ -86,11 +87,11 @@ if TYPE_CHECKING:
     from ..description import Later
     from ..reading import Env, Reading
 
-COUNT = "DISTENV_JOB_COMPLETIONS"
-GLOBAL_INDEX = "DISTENV_JOBSET_JOB_GLOBAL_INDEX"
-GLOBAL_REPLICAS = "DISTENV_JOBSET_GLOBAL_REPLICAS"
-REPLICAS = "DISTENV_JOBSET_REPLICATED_JOB_REPLICAS"
-COORDINATOR = "DISTENV_JOBSET_COORDINATOR"
+COUNT = knobs.JOB_COMPLETIONS
+GLOBAL_INDEX = knobs.JOBSET_JOB_GLOBAL_INDEX
+GLOBAL_REPLICAS = knobs.JOBSET_GLOBAL_REPLICAS
+REPLICAS = knobs.JOBSET_REPLICATED_JOB_REPLICAS
+COORDINATOR = knobs.JOBSET_COORDINATOR
 #: The downward-API source of each JobSet variable, for fixes.
 LABELS = {GLOBAL_INDEX: "jobset.sigs.k8s.io/job-global-index",
           GLOBAL_REPLICAS: "jobset.sigs.k8s.io/global-replicas",
@@ -145,18 +146,18 @@ class IndexedJob(Source):
                                      "one per node")
         r.set("node_rank", index, f"JOB_COMPLETION_INDEX={index}")
         r.set("num_nodes", pods, f"{COUNT}={pods} (the Job's completions)")
-        job = (env.get("DISTENV_JOB_NAME") or "").strip()
-        sub = (env.get("DISTENV_JOB_SUBDOMAIN") or "").strip()
+        job = (env.get(knobs.JOB_NAME) or "").strip()
+        sub = (env.get(knobs.JOB_SUBDOMAIN) or "").strip()
         if job:
-            r.set("job_id", job, "DISTENV_JOB_NAME")
+            r.set("job_id", job, knobs.JOB_NAME)
             r.port_key = "k8s-job:" + job
         if job and sub:
             hosts = tuple(f"{job}-{k}.{sub}" for k in range(pods))
             why = "<DISTENV_JOB_NAME>-<index>.<DISTENV_JOB_SUBDOMAIN> (an Indexed Job's pod host names)"
             self._hosts(env, r, hosts, why)
         elif pods > 1:
-            missing = " and ".join(v for v, x in (("DISTENV_JOB_NAME", job),
-                                                  ("DISTENV_JOB_SUBDOMAIN", sub)) if not x)
+            missing = " and ".join(v for v, x in ((knobs.JOB_NAME, job),
+                                                  (knobs.JOB_SUBDOMAIN, sub)) if not x)
             r.notes.append(
                 f"{missing} not set: the pods' host names, and so rank 0's address, are unknown. "
                 "Fix: pass the Job's name (downward API: metadata.labels['batch.kubernetes.io/"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from ..description import PER_PROCESS
 from ..errors import DistEnvError
+from ..knobs import LIGHTNING_NODE
 from ..reading import parse_int, parse_json, show
 from . import Source
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from ..reading import Env, Reading
 
 #: The variable a per-node process hands its node's description down in.
-VARIABLE = "DISTENV_LIGHTNING_NODE"
+VARIABLE = LIGHTNING_NODE
 
 #: Fields copied from the node's description as they are.
 _COPIED = ("world_size", "node_rank", "num_nodes", "nproc_per_node", "master_addr",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..description import PER_NODE, PER_PROCESS
 from ..errors import DistEnvError
+from ..knobs import LAUNCHER
 from ..reading import get_int
 from . import Source
 from ._common import read_counts
@@ -126,7 +127,7 @@ def _context(env: "Env") -> "tuple[str, str]":
 
     found = [(entry, marker) for entry in LAUNCHERS if entry.name != Plain.name
              for marker in (entry.present(env),) if marker is not None]
-    forced = env.get("DISTENV_LAUNCHER", "").strip()
+    forced = LAUNCHER.raw(env) or ""
     if forced:
         if not found:
             return f"and DISTENV_LAUNCHER={forced} makes distenv read only these variables", ""
