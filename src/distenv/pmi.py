@@ -728,6 +728,10 @@ def _release(sock: "socket.socket | None", found: Offer, flags: "int | None", in
 def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, timeout: float) -> str:
     """After a barrier timeout: which ranks' hosts never reached the service.
 
+    Rank 0 alone reads every rank's key and names the missing ones; every other rank reads
+    rank 0's key only and points at rank 0's error: a constant number of requests per rank
+    (all N ranks reading N keys would ask the launcher N^2 times, 10^8 at 10 000 ranks).
+
     Hydra's proxy keeps its ranks' puts until *all* of its node's ranks reached the barrier
     (measured, MPICH 4 on two nodes, rank 3 of node1 absent: rank 2's key was invisible
     too, even to rank 2). So a missing key names a rank that never came or shares a node
@@ -736,7 +740,7 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
     missing: "list[int] | None"
     missing = []
     try:
-        for r in range(size):
+        for r in (range(size) if rank == 0 else (0,)):
             conn.send(f"cmd=get kvsname={kvs} key={key}{r}")
             while True:
                 try:
@@ -749,7 +753,12 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
                 missing.append(r)
     except (OSError, PMIError):
         missing = None
-    if missing:
+    if rank != 0 and missing is not None:
+        who = ("rank 0 came; its error names the ranks that did not" if not missing else
+               "rank 0's host did not appear: rank 0 never reached it, or a rank on its node did "
+               "not (Hydra shows a node's keys once all its ranks came); rank 0's error, if it "
+               "runs, names them")
+    elif missing:
         shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)"
                                                      if len(missing) > 20 else "")
         if len(missing) == 1:
@@ -761,8 +770,8 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
         who = "not every rank reached it (which ones: the launcher could not say in time)"
     return (f"key-value exchange of {size} ranks timed out after {timeout:g} s on rank {rank}: "
             f"{who}. Check that every rank runs the same distenv call (a rank that died or "
-            "hangs before it, or a script that skips it on some ranks); set "
-            "DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR to skip the exchange.")
+            f"hangs before it, or a script that skips it on some ranks); set "
+            f"{knobs.TIMEOUT}=<seconds> to wait longer, or set MASTER_ADDR to skip the exchange.")
 
 
 __all__ = ["exchange", "offer", "used", "handoff", "inherited", "Exchange", "Offer", "PMIError",

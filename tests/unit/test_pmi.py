@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -195,23 +196,31 @@ def test_port_exchange_handshake_gives_the_size(no_watcher):
 
 
 def test_a_barrier_that_never_ends_names_the_missing_rank_in_time(no_watcher, waits):
-    ours, theirs = socket.socketpair()
-    gen = pmi._generation + 1
-    # rank 0 and 2 published (their node is complete), rank 3 did not
-    proxy = FakeProxy(theirs, MPICH4, {}, barrier=False)
-    proxy.kvs.update({key(0, gen): "a", key(2, gen): "b"})
-    proxy.start()
-    found = pmi.Offer("fd", "test", fd=ours.fileno(), rank=1, size=4)
-    t0 = time.monotonic()
-    with pytest.raises(pmi.PMIError, match=r"timed out after 2 s on rank 1: rank 3 never "
-                                           r"reached it.*DISTENV_TIMEOUT"):
-        pmi.exchange({}, timeout=2, found=found)
-    took = time.monotonic() - t0
-    waits.within(2)
-    # the barrier waits all but the reserve (0.2 s) kept to ask who is missing
-    assert 1.8 <= took <= 2 + LATE, took
-    assert os.get_blocking(ours.fileno())
-    ours.close()
+    """Rank 0 reads every rank's key and names the missing one; every other rank reads rank
+    0's key alone (a constant number of requests per rank, not N) and points at rank 0."""
+    for rank, present, said in ((0, (1, 2), "rank 3 never reached it"),
+                                (1, (0, 2), "rank 0 came; its error names the ranks that did not"),
+                                (1, (2,), "rank 0's host did not appear")):
+        waits.reads.clear()
+        waits.ends.clear()
+        ours, theirs = socket.socketpair()
+        gen = pmi._generation + 1
+        proxy = FakeProxy(theirs, MPICH4, {}, barrier=False, rank=rank)
+        proxy.kvs.update({key(r, gen): "h" for r in present})
+        proxy.start()
+        found = pmi.Offer("fd", "test", fd=ours.fileno(), rank=rank, size=4)
+        t0 = time.monotonic()
+        with pytest.raises(pmi.PMIError, match=rf"timed out after 2 s on rank {rank}: "
+                                               rf"{re.escape(said)}.*DISTENV_TIMEOUT"):
+            pmi.exchange({}, timeout=2, found=found)
+        took = time.monotonic() - t0
+        waits.within(2)
+        # the barrier waits all but the reserve (0.2 s) kept to ask who is missing
+        assert 1.8 <= took <= 2 + LATE, took
+        assert os.get_blocking(ours.fileno())
+        gets = [line for line in proxy.seen if line.startswith("cmd=get ")]
+        assert len(gets) == (4 if rank == 0 else 1), gets
+        ours.close()
 
 
 def test_timeout_comes_from_distenv_timeout(no_watcher, waits):
