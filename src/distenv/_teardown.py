@@ -107,17 +107,32 @@ def guard() -> None:
     setattr(dist, "destroy_process_group", destroy_process_group)
 
 
+_local: "Any" = None  # per thread: the wrapping finders whose spec_from_others is under way
+
+
 def spec_from_others(me: "Any", name: str, path: "Any", target: "Any") -> "Any":
     """The spec the meta-path finders other than `me` give for `name` (None if none does):
-    what an import hook that only wraps loaders (this one, distenv.auto's) asks."""
-    for finder in list(sys.meta_path):
-        find = getattr(finder, "find_spec", None)
-        if finder is me or find is None:
-            continue
-        spec = find(name, path, target)
-        if spec is not None:
-            return spec
-    return None
+    what an import hook that only wraps loaders (this one, distenv.auto's) asks. Two such
+    hooks on sys.meta_path chain (the second wraps the real loader, the first wraps that): a
+    finder already asking is skipped, or each would ask the other without end."""
+    global _local
+    if _local is None:
+        import threading
+
+        _local = threading.local()
+    _asking: "list[Any]" = _local.__dict__.setdefault("asking", [])
+    _asking.append(me)
+    try:
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is None or any(finder is f for f in _asking):
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+    finally:
+        _asking.pop()
 
 
 class _GuardFinder:
