@@ -58,6 +58,7 @@ TYPED = (
     "pmix.py",
     "pmix_relay.py",
     "ports.py",
+    "preflight.py",
     "reading.py",
     "redact.py",
     "resolver.py",

@@ -37,6 +37,7 @@ SHARED = (
     "distenv.gpus",                  # visible GPUs
     "distenv.log",                   # the distenv logger
     "distenv._teardown",             # an orderly end of a process group at exit
+    "distenv.preflight",             # the one pre-flight: meet every rank, name the missing ones
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
     "distenv.sources",               # what a launch's source declares (source_of, family, ...)
     "distenv.sources.slurm",         # SLURM's task layout, re-exported as distenv.tensorflow.slurm_task_nodes
