@@ -25,6 +25,7 @@ TYPED = (
     "_autostart.py",
     "_teardown.py",
     "auto.py",
+    "bringup.py",
     "checked.py",
     "cli.py",
     "deepspeed.py",

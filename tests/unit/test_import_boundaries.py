@@ -37,6 +37,7 @@ SHARED = (
     "distenv.gpus",                  # visible GPUs
     "distenv.log",                   # the distenv logger
     "distenv._teardown",             # an orderly end of a process group at exit
+    "distenv.bringup",               # the one way up: resolve, refuse, complete, export, teardown
     "distenv.preflight",             # the one pre-flight: meet every rank, name the missing ones
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
     "distenv.sources",               # what a launch's source declares (source_of, family, ...)
