@@ -80,27 +80,23 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     global env
     if _finder is not None:
         return env
-    from .resolver import resolve
+    from .bringup import ALLOW, DISTRIBUTED, ZERO_CODE, bring_up
 
     target: "MutableMapping[str, str]" = os.environ if environ is None else environ
-    found = resolve(target)
+    before = {name: target.get(name) for name in _EXPORTED_NAMES}
+    # Resolve; in a distributed launch, complete from the launcher's service what the
+    # variables left unknown (MPICH across nodes, or a command `distenv run` exec'ed after
+    # asking) and export torch's variables where the launch's source lets torch act (a TPU
+    # pod's hosts are not torch-xla's ranks, Source.adapters); whoever starts the process group
+    # (the script, Accelerate, Lightning), it ends in order at exit (distenv._teardown).
+    found = bring_up("auto", environ=environ, target=target, per_node=ALLOW, export=ZERO_CODE,
+                     teardown=DISTRIBUTED)
     if not found.is_distributed:
         if environ is None and found.launcher == "none" and found.launch != PER_NODE:
             _offer_one_process(found)
         return None
-    if environ is None and (found.master_addr is None or found.world_size is None):
-        # MPICH/Intel MPI across nodes, or a command `distenv run` exec'ed after exchanging:
-        # the launcher's key-value service (distenv.discovery.complete).
-        from .discovery import complete
-
-        found = complete(found, need=("master_addr", "world_size"))
     env = found
-    if _acts("torch"):
-        # torch's variables; a source whose ranks are not torch's (a TPU pod's hosts, while
-        # torch-xla numbers chips) gets none.
-        before = {name: target.get(name) for name in _EXPORTED_NAMES}
-        written = found.export(target)
-        exported.update({name: before.get(name) for name in written})
+    exported.update({name: old for name, old in before.items() if target.get(name) != old})
     if found.launch == PER_NODE and not target.get("DISTENV_RUN"):
         from .log import get_logger  # lazy: logging costs milliseconds at interpreter start
 
@@ -112,11 +108,6 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
             "any other script: start it with `distenv run [--nproc-per-node N] -- python "
             "script.py ...` so that torch's launcher starts them.")
     install()
-    from . import _teardown
-
-    # Whoever starts the process group (the script, Accelerate, Lightning), it ends in order
-    # at exit: torch's gloo threads can otherwise abort a finished job (see distenv._teardown).
-    _teardown.register()
     return found
 
 
