@@ -58,6 +58,26 @@ def test_one_refusal_for_every_framework(framework, runs, also):
     assert also in text and text.endswith("and unset DISTENV_NPROC_PER_NODE.") and "\n" not in text
 
 
+def test_the_adapters_refuse_in_those_words(monkeypatch, no_gpus):
+    import distenv.deepspeed
+    import distenv.horovod
+    import distenv.torch
+    import distenv.transformers
+
+    env = distenv.resolve(PER_NODE)
+    assert distenv.torch.per_node_message(env) == bringup.per_node_message(env, "torch")
+    with pytest.raises(DistEnvError) as err:
+        distenv.horovod.plan(PER_NODE)
+    assert str(err.value) == bringup.per_node_message(env, "horovod")
+    for key, value in PER_NODE.items():
+        monkeypatch.setenv(key, value)
+    for call, name in ((distenv.deepspeed.prepare, "deepspeed"),
+                       (distenv.transformers.patch, "transformers")):
+        with pytest.raises(DistEnvError) as err:
+            call()
+        assert str(err.value) == bringup.per_node_message(env, name)
+
+
 def test_a_per_node_launch_is_allowed_where_the_framework_starts_its_workers(asked, registered):
     env = bringup.bring_up("lightning", environ=PER_NODE, per_node=bringup.ALLOW,
                            export=bringup.NEVER, teardown=bringup.NEVER)

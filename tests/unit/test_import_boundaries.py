@@ -235,6 +235,7 @@ def test_adapters_branch_on_declarations_not_launcher_names(adapter):
 #: Adapters built on another adapter, with why: the only imports between adapters.
 ADAPTER_BASES = {
     "distenv.keras": ("distenv.jax", "distenv.tensorflow"),  # Keras 3 runs on its backend's set-up
+    "distenv.horovod": ("distenv.torch",),  # horovod.torch pins its process as torch's does (pin)
 }
 
 
