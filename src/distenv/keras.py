@@ -306,8 +306,8 @@ def _args(env: "DistEnv | Mapping[str, str] | None" = None, *,
     from .jax import plan
 
     p = plan(env, environ=environ, port=port, discover=discover)
-    return {"job_addresses": p["coordinator_address"], "num_processes": p["num_processes"],
-            "process_id": p["process_id"]}
+    return {"job_addresses": p.coordinator_address, "num_processes": p.num_processes,
+            "process_id": p.process_id}
 
 
 def initialize(env: "DistEnv | Mapping[str, str] | None" = None, *, port: "int | None" = None,
