@@ -140,3 +140,24 @@ def test_a_different_value_is_never_overwritten_unless_asked(registered):
         bringup.bring_up("x", environ=launch, target=target)
     bringup.bring_up("x", environ=launch, target=target, overwrite=True)
     assert target["MASTER_PORT"] == "1234"
+
+
+def test_every_caller_goes_through_the_bring_up():
+    """No adapter or tool asks the launcher's service or exports on its own any more: the
+    calls of distenv.discovery.complete are the bring-up's and the map's (its own need)."""
+    import ast
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "distenv")
+    callers = set()
+    for folder, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("discovery") \
+                        and any(a.name == "complete" for a in node.names):
+                    callers.add(os.path.relpath(path, root))
+    assert callers == {"bringup.py", "nodemap.py"}, callers
