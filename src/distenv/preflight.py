@@ -61,6 +61,9 @@ CONCURRENT = 256
 REPLY_WAIT = 10.0
 #: Seconds process 0 keeps answering, after its verdict, for those that came and lack it.
 LINGER = 30.0
+#: Seconds a rank waits on a store past its own deadline before it looks for process 0 itself:
+#: process 0, which started about when it did, gives its verdict at its own deadline.
+STORE_GRACE = 2.0
 #: Seconds between process 0's progress lines while it waits.
 PROGRESS_EVERY = 10.0
 #: Indexes a message shows (the others are counted).
@@ -540,7 +543,7 @@ def meet_on(store: "Any", m: Meeting, t0: "float | None" = None) -> float:
             store.compare_set(verdict, "", "go")
         if m.index == 0:
             line = _keep(store, m, prefix, t0, deadline)
-        elif waited([verdict], deadline - time.monotonic()):
+        elif waited([verdict], deadline + STORE_GRACE - time.monotonic()):
             line = store.get(verdict).decode("ascii", "replace")
         elif not store.check([f"{prefix}rank/0"]):  # no process 0 to give a verdict: say so here
             came = int(store.add(prefix + "count", 0))
