@@ -41,6 +41,7 @@ from .errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
+    import random
     from collections.abc import Iterable, Mapping
     from typing import Any
 
@@ -297,7 +298,9 @@ class _Host:
     def _listen(self) -> socket.socket:
         m = self.m
         family = socket.AF_INET6 if ":" in m.host else socket.AF_INET
-        here = ("::1" if family == socket.AF_INET6 else "127.0.0.1") if _loopback(m.host) else ""
+        here = ""  # every interface: the other nodes must reach it
+        if _loopback(m.host):  # a one-node job: loopback only, at the very address dialed
+            here = "127.0.0.1" if m.host == "localhost" else m.host
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -475,9 +478,22 @@ def _missing_line(total: int, ids: "Iterable[int]") -> str:
     return f"missing {total} {','.join(map(str, ids))}\n"
 
 
-def _visit(m: Meeting, t0: float) -> None:
-    import random
+def jitter() -> float:
+    """A factor in [0.5, 1.5) from an RNG of distenv's own: the program's `random` (which it
+    may have seeded, Keras its weights from it) is never drawn from, so every process leaves
+    the pre-flight with the random state it came with, however often it asked."""
+    global _rng
+    if _rng is None:
+        import random
 
+        _rng = random.Random(os.urandom(16))
+    return 0.5 + _rng.random()
+
+
+_rng: "random.Random | None" = None
+
+
+def _visit(m: Meeting, t0: float) -> None:
     hello = f"{PROTOCOL} {key(m)} {m.index} {_me()} {os.getpid()}\n".encode()
     cap = pace(m.size)
     end = t0 + m.timeout
@@ -506,7 +522,7 @@ def _visit(m: Meeting, t0: float) -> None:
                 end = min(max(end, now + left + 1.5 * cap + 5.0), longest)
         elif words == ["other"]:
             other = True
-        time.sleep(max(0.0, min(pause * random.uniform(0.5, 1.5), end - time.monotonic())))
+        time.sleep(max(0.0, min(pause * jitter(), end - time.monotonic())))
         pause = min(pause * 1.5, cap)
     raise DistEnvError(unreachable(m, met, other))
 
@@ -667,5 +683,5 @@ def _ask(addresses: "list[tuple[int, Any]]", hello: bytes, left: float) -> str:
     return ""
 
 
-__all__ = ["Meeting", "meet", "meet_on", "port", "identity", "pace", "descriptors", "ranges", "key",
+__all__ = ["Meeting", "meet", "meet_on", "jitter", "port", "identity", "pace", "descriptors", "ranges", "key",
            "never_came", "unreachable", "cannot_listen", "went_silent", "twice", "PORT_VAR"]

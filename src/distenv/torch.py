@@ -237,11 +237,10 @@ def _listening(addr: str, port: int, wait: datetime.timedelta, start: float, siz
     client connects within a few milliseconds of the store listening: pauses from 10 ms,
     growing by half, jittered, up to the pre-flight's pace for `size` ranks
     (`distenv.preflight.pace`: about RATE knocks a second at rank 0's host, whatever the size)."""
-    import random
     import socket
     import time
 
-    from .preflight import FIRST_PAUSE, pace
+    from .preflight import FIRST_PAUSE, jitter, pace
 
     pause, cap = FIRST_PAUSE, pace(size)
     while True:
@@ -252,7 +251,7 @@ def _listening(addr: str, port: int, wait: datetime.timedelta, start: float, siz
         except OSError as exc:
             if left <= 0:
                 raise TimeoutError(f"nothing listens at {addr}:{port}: {exc}") from None
-        time.sleep(max(0.0, min(pause * random.uniform(0.5, 1.5), left)))
+        time.sleep(max(0.0, min(pause * jitter(), left)))
         pause = min(pause * 1.5, cap)
 
 

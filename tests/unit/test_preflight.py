@@ -124,6 +124,20 @@ def test_a_late_process_0_is_met_and_the_others_back_off(counted):
     assert counted and max(counted.values()) <= bound, (counted, bound)
 
 
+def test_the_programs_random_state_is_left_alone():
+    """Keras 3 seeds Python's `random` (keras.utils.set_random_seed) and draws its initial
+    weights from it: a pre-flight that jittered its pauses with `random` left each process in
+    another state (how often it asked), and the processes' weights differed ("passed to
+    device_put is not the same on each process", 2 runs in 4 of examples/keras3_jax.py)."""
+    import random
+
+    random.seed(0)
+    before = random.getstate()
+    out, _ = meet_all(3, [1, 2, 0], 20, delays={0: 0.5})  # 1 and 2 knock, pausing, meanwhile
+    assert all(isinstance(v, float) for v in out.values()), out
+    assert random.getstate() == before
+
+
 def test_silent_and_foreign_connections_neither_stall_nor_confuse_process_0():
     """Issue 30, item 9: process 0 read each stranger's hello for up to 2 s, one at a time, so
     silent connections pushed it past its deadline. Now hellos are read concurrently: 100
