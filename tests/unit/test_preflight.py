@@ -105,6 +105,24 @@ def test_a_missing_process_is_named_in_one_wording_everywhere_within_the_timeout
     assert all("\n" not in t and "Fix: " in t for t in texts.values())
 
 
+def test_a_loopback_process_0_listens_at_the_address_dialed():
+    """A one-node job whose process 0 is 127.0.0.5 (GKE TPU pods in tests): it listens there,
+    on loopback only."""
+    port = free_port()
+    out = {}
+
+    def one(i):
+        m = preflight.Meeting(2, i, "127.0.0.5", port, "job", 10, who="distenv.test")
+        out[i] = preflight.meet(m)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sorted(out) == [0, 1] and all(isinstance(v, float) for v in out.values()), out
+
+
 def test_without_process_0_every_other_names_its_address():
     out, port = meet_all(3, [1, 2], 1.0)
     for i in (1, 2):

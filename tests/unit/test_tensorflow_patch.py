@@ -165,7 +165,9 @@ def test_the_fixes_follow_what_the_source_declares(no_gpus, monkeypatch):
     assert source_of("no-such-launcher").tf_cluster == ""  # an unknown name declares nothing
 
 
-def test_each_local_process_gets_its_gpus(fake_gpus):
+def test_each_local_process_gets_its_gpus(fake_gpus, monkeypatch):
+    # A TensorFlow job's process: no torch imported (an earlier test of the session may have).
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     fake_gpus(4)
     env = recorded("openmpi4-np2", 1)
     env.pop("CUDA_VISIBLE_DEVICES", None)
