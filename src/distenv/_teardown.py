@@ -152,14 +152,34 @@ class _GuardFinder:
         pass
 
 
-class _GuardLoader:
+class WrappingLoader:
+    """A loader that delegates to `loader` (what a finder of `spec_from_others` returned) and
+    runs its `run` around the module's body; the module and its spec see the real loader.
+    Subclasses (this module's guard, distenv.auto's hooks) override `run`."""
+
     def __init__(self, loader: "Any") -> None:
         self.loader = loader
 
     def __getattr__(self, attr: str) -> "Any":
         return getattr(self.loader, attr)
 
+    def create_module(self, spec: "Any") -> "Any":
+        create = getattr(self.loader, "create_module", None)
+        return None if create is None else create(spec)
+
     def exec_module(self, module: "Any") -> None:
+        module.__loader__ = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.loader
+        self.run(module)
+
+    def run(self, module: "Any") -> None:
+        self.loader.exec_module(module)
+
+
+class _GuardLoader(WrappingLoader):
+    def run(self, module: "Any") -> None:
         self.loader.exec_module(module)
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _GuardFinder)]
         guard()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ._teardown import WrappingLoader, spec_from_others
 from .description import PER_NODE
 from .errors import install_excepthook
 
@@ -211,8 +212,6 @@ class _OneProcessFinder:
                   target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name != "torch.distributed":
             return None
-        from ._teardown import spec_from_others
-
         spec: "ModuleSpec | None" = spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -223,22 +222,8 @@ class _OneProcessFinder:
         pass
 
 
-class _OneProcessLoader:
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.loader, attr)
-
-    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
-        create = getattr(self.loader, "create_module", None)
-        return None if create is None else create(spec)
-
-    def exec_module(self, module: "ModuleType") -> None:
-        module.__loader__ = self.loader
-        spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self.loader
+class _OneProcessLoader(WrappingLoader):
+    def run(self, module: "ModuleType") -> None:
         self.loader.exec_module(module)
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _OneProcessFinder)]
         _wrap_init(module)
@@ -331,8 +316,6 @@ class _Finder:
                   target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name not in HOOKS:
             return None
-        from ._teardown import spec_from_others
-
         spec: "ModuleSpec | None" = spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -343,29 +326,18 @@ class _Finder:
         pass
 
 
-class _Loader:
+class _Loader(WrappingLoader):
     """Delegates to the real loader; after the module's body ran, applies the adapter once
     the outermost hooked import is complete (so a framework importing another hooked one,
-    transformers -> accelerate, is patched when both are whole)."""
+    transformers -> accelerate, is patched when both are whole). The module's own code, and
+    everything after, sees its real loader."""
 
     def __init__(self, loader: Any, name: str) -> None:
-        self.loader = loader
+        super().__init__(loader)
         self.name = name
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.loader, attr)
-
-    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
-        create = getattr(self.loader, "create_module", None)
-        return None if create is None else create(spec)
-
-    def exec_module(self, module: "ModuleType") -> None:
+    def run(self, module: "ModuleType") -> None:
         global _depth
-        # The module's own code, and everything after, sees its real loader.
-        module.__loader__ = self.loader
-        spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self.loader
         _depth += 1
         try:
             self.loader.exec_module(module)
