@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         "example": "jax_data_parallel",
         "process_index": me, "process_count": nproc, "host": socket.gethostname(),
         "devices": jax.device_count(), "local_devices": jax.local_device_count(),
-        "coordinator": plan["coordinator_address"] if plan.get("initialized") else None,
+        "coordinator": plan.coordinator_address if plan.initialized else None,
         "steps": args.steps, "losses": losses,
         "weights": [float(v) for v in flat],
         "digest": hashlib.sha256(flat.tobytes()).hexdigest()[:16],

@@ -109,17 +109,32 @@ def guard() -> None:
     setattr(dist, "destroy_process_group", destroy_process_group)
 
 
+_local: "Any" = None  # per thread: the wrapping finders whose spec_from_others is under way
+
+
 def spec_from_others(me: "Any", name: str, path: "Any", target: "Any") -> "Any":
     """The spec the meta-path finders other than `me` give for `name` (None if none does):
-    what an import hook that only wraps loaders (this one, distenv.auto's) asks."""
-    for finder in list(sys.meta_path):
-        find = getattr(finder, "find_spec", None)
-        if finder is me or find is None:
-            continue
-        spec = find(name, path, target)
-        if spec is not None:
-            return spec
-    return None
+    what an import hook that only wraps loaders (this one, distenv.auto's) asks. Two such
+    hooks on sys.meta_path chain (the second wraps the real loader, the first wraps that): a
+    finder already asking is skipped, or each would ask the other without end."""
+    global _local
+    if _local is None:
+        import threading
+
+        _local = threading.local()
+    _asking: "list[Any]" = _local.__dict__.setdefault("asking", [])
+    _asking.append(me)
+    try:
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is None or any(finder is f for f in _asking):
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+    finally:
+        _asking.pop()
 
 
 class _GuardFinder:
@@ -139,14 +154,34 @@ class _GuardFinder:
         pass
 
 
-class _GuardLoader:
+class WrappingLoader:
+    """A loader that delegates to `loader` (what a finder of `spec_from_others` returned) and
+    runs its `run` around the module's body; the module and its spec see the real loader.
+    Subclasses (this module's guard, distenv.auto's hooks) override `run`."""
+
     def __init__(self, loader: "Any") -> None:
         self.loader = loader
 
     def __getattr__(self, attr: str) -> "Any":
         return getattr(self.loader, attr)
 
+    def create_module(self, spec: "Any") -> "Any":
+        create = getattr(self.loader, "create_module", None)
+        return None if create is None else create(spec)
+
     def exec_module(self, module: "Any") -> None:
+        module.__loader__ = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.loader
+        self.run(module)
+
+    def run(self, module: "Any") -> None:
+        self.loader.exec_module(module)
+
+
+class _GuardLoader(WrappingLoader):
+    def run(self, module: "Any") -> None:
         self.loader.exec_module(module)
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _GuardFinder)]
         guard()

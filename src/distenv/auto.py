@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ._teardown import WrappingLoader, spec_from_others
 from .description import PER_NODE
 from .errors import install_excepthook
 
@@ -80,27 +81,23 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     global env
     if _finder is not None:
         return env
-    from .resolver import resolve
+    from .bringup import ALLOW, DISTRIBUTED, ZERO_CODE, bring_up
 
     target: "MutableMapping[str, str]" = os.environ if environ is None else environ
-    found = resolve(target)
+    before = {name: target.get(name) for name in _EXPORTED_NAMES}
+    # Resolve; in a distributed launch, complete from the launcher's service what the
+    # variables left unknown (MPICH across nodes, or a command `distenv run` exec'ed after
+    # asking) and export torch's variables where the launch's source lets torch act (a TPU
+    # pod's hosts are not torch-xla's ranks, Source.adapters); whoever starts the process group
+    # (the script, Accelerate, Lightning), it ends in order at exit (distenv._teardown).
+    found = bring_up("auto", environ=environ, target=target, per_node=ALLOW, export=ZERO_CODE,
+                     teardown=DISTRIBUTED)
     if not found.is_distributed:
         if environ is None and found.launcher == "none" and found.launch != PER_NODE:
             _offer_one_process(found)
         return None
-    if environ is None and (found.master_addr is None or found.world_size is None):
-        # MPICH/Intel MPI across nodes, or a command `distenv run` exec'ed after exchanging:
-        # the launcher's key-value service (distenv.discovery.complete).
-        from .discovery import complete
-
-        found = complete(found, need=("master_addr", "world_size"))
     env = found
-    if _acts("torch"):
-        # torch's variables; a source whose ranks are not torch's (a TPU pod's hosts, while
-        # torch-xla numbers chips) gets none.
-        before = {name: target.get(name) for name in _EXPORTED_NAMES}
-        written = found.export(target)
-        exported.update({name: before.get(name) for name in written})
+    exported.update({name: old for name, old in before.items() if target.get(name) != old})
     if found.launch == PER_NODE and not target.get("DISTENV_RUN"):
         from .log import get_logger  # lazy: logging costs milliseconds at interpreter start
 
@@ -112,11 +109,6 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
             "any other script: start it with `distenv run [--nproc-per-node N] -- python "
             "script.py ...` so that torch's launcher starts them.")
     install()
-    from . import _teardown
-
-    # Whoever starts the process group (the script, Accelerate, Lightning), it ends in order
-    # at exit: torch's gloo threads can otherwise abort a finished job (see distenv._teardown).
-    _teardown.register()
     return found
 
 
@@ -220,8 +212,6 @@ class _OneProcessFinder:
                   target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name != "torch.distributed":
             return None
-        from ._teardown import spec_from_others
-
         spec: "ModuleSpec | None" = spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -232,22 +222,8 @@ class _OneProcessFinder:
         pass
 
 
-class _OneProcessLoader:
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.loader, attr)
-
-    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
-        create = getattr(self.loader, "create_module", None)
-        return None if create is None else create(spec)
-
-    def exec_module(self, module: "ModuleType") -> None:
-        module.__loader__ = self.loader
-        spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self.loader
+class _OneProcessLoader(WrappingLoader):
+    def run(self, module: "ModuleType") -> None:
         self.loader.exec_module(module)
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _OneProcessFinder)]
         _wrap_init(module)
@@ -340,8 +316,6 @@ class _Finder:
                   target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name not in HOOKS:
             return None
-        from ._teardown import spec_from_others
-
         spec: "ModuleSpec | None" = spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -352,29 +326,18 @@ class _Finder:
         pass
 
 
-class _Loader:
+class _Loader(WrappingLoader):
     """Delegates to the real loader; after the module's body ran, applies the adapter once
     the outermost hooked import is complete (so a framework importing another hooked one,
-    transformers -> accelerate, is patched when both are whole)."""
+    transformers -> accelerate, is patched when both are whole). The module's own code, and
+    everything after, sees its real loader."""
 
     def __init__(self, loader: Any, name: str) -> None:
-        self.loader = loader
+        super().__init__(loader)
         self.name = name
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.loader, attr)
-
-    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
-        create = getattr(self.loader, "create_module", None)
-        return None if create is None else create(spec)
-
-    def exec_module(self, module: "ModuleType") -> None:
+    def run(self, module: "ModuleType") -> None:
         global _depth
-        # The module's own code, and everything after, sees its real loader.
-        module.__loader__ = self.loader
-        spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self.loader
         _depth += 1
         try:
             self.loader.exec_module(module)

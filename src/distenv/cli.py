@@ -38,10 +38,10 @@ def _show(args: argparse.Namespace) -> int:
         return _map(args, env)
     declined: "list[str]" = []
     if getattr(args, "discover", False):  # collective: before any rank decides not to print
+        from .bringup import completed
         from .description import DECLINED
-        from .discovery import complete
 
-        env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"))
+        env = completed(env, nodes=True)
         declined = [n for n in env.notes if getattr(n, "kind", None) == DECLINED]
     if not display.chosen(env, args.ranks):
         return 1 if declined else 0

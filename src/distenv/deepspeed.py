@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from .description import PER_NODE, DistEnv
+from .description import DistEnv
 from .errors import DistEnvError, install_excepthook
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
@@ -45,22 +45,13 @@ def prepare(environ: "MutableMapping[str, str] | None" = None, *, overwrite: boo
     Raises `DistEnvError` naming the fix when the launch is per-node (its workers are still
     to be started) or one of the five cannot be known. Returns the resolved `DistEnv`.
     """
-    from .resolver import resolve
+    from .bringup import DISTRIBUTED, bring_up
 
     target = os.environ if environ is None else environ
-    env = resolve(target, **overrides)
-    if env.launch == PER_NODE:
-        raise DistEnvError(
-            f"this process is one per node ({env.launcher}, node_rank={env.node_rank}) and "
-            f"{env.nproc_per_node} worker(s) per node are wanted: DeepSpeed needs one process "
-            "per worker. Fix: start the workers with the `deepspeed` launcher or torchrun, or "
-            "launch one process per GPU (unset DISTENV_NPROC_PER_NODE)."
-        )
-    if environ is None:  # MPICH/Intel MPI across nodes: the launcher's key-value service
-        from .discovery import complete
-
-        env = complete(env, need=("master_addr", "world_size"))
-    env.export(target, overwrite=overwrite)
+    # DeepSpeed never ends its process group, and its engine holds it to the end: bring_up
+    # registers an orderly end at exit in a distributed launch (distenv._teardown).
+    env = bring_up("deepspeed", environ=environ, overrides=overrides, target=target,
+                   overwrite=overwrite, teardown=DISTRIBUTED)
     missing = [name for name in REQUIRED if not target.get(name)]
     if missing:
         raise DistEnvError(
@@ -68,12 +59,6 @@ def prepare(environ: "MutableMapping[str, str] | None" = None, *, overwrite: boo
             f"{'it' if len(missing) == 1 else 'them'}. Fix: set "
             f"{', '.join(missing)} in the job script, or run `distenv show --explain`."
         )
-    if env.is_distributed:
-        from . import _teardown
-
-        # DeepSpeed never ends its process group, and its engine holds it to the end: an
-        # orderly end at exit (gloo's threads can abort a finished job, see distenv._teardown).
-        _teardown.register()
     return env
 
 

@@ -14,29 +14,29 @@ rank: each process trains alone and all exit 0. `init()`:
    HOROVOD_* variables horovodrun would have set (rank, sizes, cross ranks, rendezvous
    address, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). Override with
    ``controller=`` or DISTENV_HOROVOD_CONTROLLER=mpi|gloo;
-3. pins the device by the core's one-device policy, as `distenv.torch` does
-   (`distenv.gpus.device_index`: local rank N takes device N, a task narrowed to its own GPU
-   takes it, more local processes than GPUs is an error, never two on one GPU), and sizes
-   torch's CPU threads from this process's share;
+3. in the self-rendezvous, meets every rank at rank 0 (the core's one pre-flight,
+   `distenv.preflight.meet`, after rank 0's server is up) before Horovod's own silent wait:
+   a rank that never comes is named in one line on every rank that did, a rank 0 that never
+   answers is named with its address, after DISTENV_TIMEOUT seconds (default 180);
 4. calls `hvd.init()` and checks `hvd.size()` and `hvd.rank()` against the launch: a
-   mismatch is a `DistEnvError`, never a silent size 1.
-
-A rank whose rendezvous server never appears fails after DISTENV_TIMEOUT seconds (default
-180) naming the address it waited for.
+   mismatch is a `DistEnvError`, never a silent size 1;
+5. pins the device and torch's threads with `distenv.torch.pin`, the step `distenv.torch`
+   takes (local rank N takes device N, a task narrowed to its own GPU takes it, more local
+   processes than GPUs is an error, never two on one GPU; threads: this process's share of
+   the cores).
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import sys
-import time
+from dataclasses import dataclass, field
 
-from . import knobs
+from . import knobs, preflight
+from .bringup import NEVER, bring_up, per_node_message
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
 from .resolver import resolved
-from .sources import family, source_of
+from .sources import source_of
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
@@ -49,8 +49,17 @@ DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
 _server: "dict[str, Any]" = {}
 
 
-def _timeout(timeout: "float | None", src: "Mapping[str, str]") -> float:
-    return knobs.timeout(src, timeout)
+@dataclass(frozen=True)
+class Plan:
+    """What `init()` does, without Horovod: the `controller` ("horovodrun", "mpi", "gloo",
+    "single"), the HOROVOD_* variables it sets (`environ`), whether this rank hosts the Gloo
+    rendezvous server (`server`) and where it is (`address`, for "gloo")."""
+
+    env: DistEnv
+    controller: str
+    environ: "dict[str, str]" = field(default_factory=dict)
+    server: bool = False
+    address: "tuple[str, int] | None" = None
 
 
 def rendezvous_port(d: DistEnv, src: "Mapping[str, str] | None" = None) -> int:
@@ -59,31 +68,22 @@ def rendezvous_port(d: DistEnv, src: "Mapping[str, str] | None" = None) -> int:
 
 
 def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
-         environ: "Mapping[str, str] | None" = None, controller: "str | None" = None
-         ) -> "dict[str, Any]":
-    """What `init()` will do, without Horovod: ``{"controller": "horovodrun"|"mpi"|"gloo"|
-    "single", "environ": {HOROVOD_*: value}, "server": bool, "address": (host, port) | None}``.
-    """
+         environ: "Mapping[str, str] | None" = None, controller: "str | None" = None) -> Plan:
+    """What `init()` will do, without Horovod (`Plan`)."""
     d, src = resolved(env, environ)
     if d.launch == PER_NODE:
-        raise DistEnvError(
-            f"{d.launcher} started one process per node ({d.provenance.get('launch', 'per-node')}) "
-            f"that should start {d.nproc_per_node} worker(s): Horovod needs one process per "
-            "worker. Fix: launch the workers (e.g. torchrun --nproc-per-node N, or mpirun/srun "
-            "with one task per GPU)."
-        )
+        raise DistEnvError(per_node_message(d, "horovod"))
     wanted = (controller or src.get("DISTENV_HOROVOD_CONTROLLER") or "auto").strip().lower()
     if wanted not in ("auto", "mpi", "gloo"):
         raise DistEnvError(f"DISTENV_HOROVOD_CONTROLLER={wanted!r} is not a controller. Fix: set "
                            "it to mpi, gloo or auto (or unset it: auto).")
-    base = {"env": d, "environ": {}, "server": False, "address": None}
     source = source_of(d.launcher)
     if source.family == "horovod":  # horovodrun set Horovod up itself
-        return {**base, "controller": "horovodrun"}
+        return Plan(d, "horovodrun")
     if d.world_size == 1:
-        return {**base, "controller": "single"}
+        return Plan(d, "single")
     if wanted == "mpi" or (wanted == "auto" and "horovod" in source.mpi_controller):
-        return {**base, "controller": "mpi", "environ": {"HOROVOD_CONTROLLER": "mpi"}}
+        return Plan(d, "mpi", {"HOROVOD_CONTROLLER": "mpi"})
 
     missing = [f for f in ("rank", "world_size", "local_rank", "local_world_size")
                if getattr(d, f) is None]
@@ -116,8 +116,8 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": d.master_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
         "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
     }
-    return {**base, "controller": "gloo", "environ": {k: str(v) for k, v in values.items()},
-            "server": d.rank == 0, "address": (d.master_addr, port)}
+    return Plan(d, "gloo", {k: str(v) for k, v in values.items()}, d.rank == 0,
+                (str(d.master_addr), port))  # master_addr: not missing (above)
 
 
 def _start_server(port: int, d: DistEnv) -> Any:
@@ -149,25 +149,17 @@ def _start_server(port: int, d: DistEnv) -> Any:
     return httpd
 
 
-def _wait_for(host: str, port: int, timeout: float, d: DistEnv) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return
-        except OSError:
-            if time.monotonic() >= deadline:
-                raise DistEnvError(
-                    f"rank {d.rank}: Horovod's rendezvous server on rank 0 ({host}:{port}) did not "
-                    f"answer within {timeout:.0f} s: rank 0 did not start, crashed, or is "
-                    "unreachable. Fix: start every rank (same launcher, same job), check "
-                    "MASTER_ADDR, or raise DISTENV_TIMEOUT."
-                ) from None
-            time.sleep(0.2)
-
-
-def _share_of_cores(d: DistEnv) -> int:
-    return knobs.core_share(d.local_world_size)[0]
+def meeting(d: DistEnv, host: str, timeout: float, port: "int | None" = None) -> preflight.Meeting:
+    """The self-rendezvous's pre-flight: every rank meets rank 0 at `host` (the master
+    address, where rank 0's Gloo rendezvous server runs) on the pre-flight's port
+    (`distenv.preflight.port`, unless `port`)."""
+    assert d.world_size is not None and d.rank is not None  # plan() checked
+    return preflight.Meeting(
+        size=d.world_size, index=d.rank, host=host,
+        port=preflight.port(d, host) if port is None else port,
+        job=preflight.identity(d, "horovod"), timeout=timeout, who="distenv.horovod",
+        noun="rank", entry="hvd.init()", address_from=d.provenance.get("master_addr", ""),
+        address_fix="set MASTER_ADDR to rank 0's host on every rank")
 
 
 #: Why Horovod's TensorFlow and Keras modules are refused (issue 24): never built or run here.
@@ -198,46 +190,29 @@ def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | 
     raises `DistEnvError` if Horovod's size or rank disagrees with the launch.
     """
     framework = _framework(framework)
+    wait = knobs.timeout(os.environ, timeout)
     if env is None:
         # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
         # key-value service (Horovod's MPI_Init still works after it: measured with mpi4py).
-        from .discovery import complete
-        from .resolver import resolve
-
-        env = resolve()
-        if env.launch != PER_NODE and env.world_size != 1 and family(env.launcher) != "horovod":
-            env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"),
-                           timeout=timeout)
+        env = bring_up("horovod", nodes=True, timeout=wait, export=NEVER, teardown=NEVER)
     p = plan(env, controller=controller)
-    d = p["env"]
-    wait = _timeout(timeout, os.environ)
-    for name, value in p["environ"].items():
+    d = p.env
+    for name, value in p.environ.items():
         os.environ[name] = value
-    if p["controller"] == "gloo":
+    if p.controller == "gloo":
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(max(wait, 30))))
     import horovod.torch as hvd
 
-    if p["controller"] == "gloo":
-        host, port = p["address"]
-        if p["server"]:
+    if p.address is not None:
+        host, port = p.address
+        if p.server:
             _start_server(port, d)
-        _wait_for(host, port, wait, d)
+        preflight.meet(meeting(d, host, wait))  # after rank 0's server is up: then go
     hvd.init()
-    check(hvd, d, p["controller"])
-    if framework == "torch":
-        import torch
+    check(hvd, d, p.controller)
+    from .torch import pin  # Horovod's PyTorch path: torch's pinning step
 
-        if torch.cuda.is_available():  # the core's one-device policy, as distenv.torch's
-            from .gpus import device_index
-            from .log import get_logger
-
-            index, why = device_index(d, torch.cuda.device_count(), os.environ,
-                                      "hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs")
-            if index is not None:
-                torch.cuda.set_device(index)
-                get_logger(__name__).debug(f"CUDA device {index}: {why}")
-        if threads and not os.environ.get("OMP_NUM_THREADS"):
-            torch.set_num_threads(_share_of_cores(d))
+    pin(d, threads=threads, instead="hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs")
     return hvd
 
 

@@ -37,12 +37,10 @@ from __future__ import annotations
 import functools
 import math
 import os
-import socket
 import sys
-import time
-import zlib
+from dataclasses import dataclass, field, replace
 
-from . import gpus
+from . import gpus, knobs
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
 from .resolver import resolved
@@ -70,7 +68,50 @@ JAX_SHUTDOWN_TIMEOUT = 300
 #: loaded machine a few seconds can pass between two of them.
 MIN_HEARTBEAT = 10
 
-_last: "dict[str, Any]" = {}  # the plan of the last initialize(), for inspection
+
+
+@dataclass(frozen=True)
+class Devices:
+    """How this process binds its devices: narrow CUDA_VISIBLE_DEVICES to `cuda_visible_devices`
+    (None: leave it), give JAX `local_device_ids`, and `cpu_devices` XLA CPU devices (None:
+    JAX's default); `why`."""
+
+    local_device_ids: "list[int]" = field(default_factory=list)
+    cuda_visible_devices: "str | None" = None
+    cpu_devices: "int | None" = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `initialize()` gives `jax.distributed.initialize` (see `plan`), and what it did:
+    `initialized` (the runtime was started), `jax_cluster` (JAX's own detection was used
+    instead: then the other values are JAX's and left None here)."""
+
+    env: DistEnv
+    coordinator_address: "str | None" = None
+    num_processes: "int | None" = None
+    process_id: "int | None" = None
+    local_device_ids: "list[int]" = field(default_factory=list)
+    cuda_visible_devices: "str | None" = None
+    cpu_devices: "int | None" = None
+    timeout: float = 0.0
+    why: "dict[str, str]" = field(default_factory=dict)
+    initialized: bool = False
+    jax_cluster: "str | None" = None
+
+
+_last: "list[Plan]" = []  # the plan of the last initialize(), for inspection
+
+
+def last() -> "Plan | None":
+    """The plan of the last `initialize()` (or patched call) in this process, or None."""
+    return _last[-1] if _last else None
+
+
+def _keep(p: Plan) -> Plan:
+    _last[:] = [p]
+    return p
 
 
 # -- decisions (pure: unit-tested on recorded environments) ------------------------------------
@@ -97,8 +138,6 @@ def coordinator_port(d: DistEnv, environ: "Mapping[str, str] | None" = None,
     master address and port by `distenv.ports`, the same on every process, different across
     concurrent jobs, never the master port, which torchrun's agent store holds).
     """
-    from . import knobs
-
     src = os.environ if environ is None else environ
     if port is not None:
         return int(port), "given"
@@ -109,15 +148,10 @@ def coordinator_port(d: DistEnv, environ: "Mapping[str, str] | None" = None,
         "derived from the job by distenv.knobs.side_port (distenv.ports), not the master port")
 
 
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
 def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
-                torch_imported: "bool | None" = None) -> "dict[str, Any]":
-    """How this process binds its devices, without JAX: ``{"cuda_visible_devices": str|None
-    (narrow to this), "local_device_ids": list, "cpu_devices": int|None, "why": str}``. Which
-    GPUs: the core's policy (`distenv.gpus.share`); how JAX is told: here."""
+                torch_imported: "bool | None" = None) -> Devices:
+    """How this process binds its devices, without JAX (`Devices`). Which GPUs: the core's
+    policy (`distenv.gpus.share`); how JAX is told: here."""
     from .gpus import CROWDED, GIVEN, NODE, NONE, share
 
     src = os.environ if environ is None else environ
@@ -125,23 +159,17 @@ def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
         torch_imported = "torch" in sys.modules
     mine = share(d, src)
     count = mine.count
-    out: "dict[str, Any]" = {"cuda_visible_devices": None, "local_device_ids": [], "cpu_devices": None}
     if mine.kind == NONE:
         nproc = d.nproc_per_node or 1
         user = ("xla_force_host_platform_device_count" in src.get("XLA_FLAGS", "")
                 or src.get("JAX_NUM_CPU_DEVICES"))
         if d.launch == PER_NODE and nproc > 1 and not user:
-            out["cpu_devices"] = nproc
-            out["why"] = (f"CPU-only node of a per-node launch: the node's JAX process gets "
-                          f"{nproc} XLA CPU devices, one per worker "
-                          f"(nproc_per_node: {d.provenance.get('nproc_per_node', '')})")
-        else:
-            out["why"] = f"CPU only ({mine.seen})"
-        return out
+            return Devices(cpu_devices=nproc, why=(
+                f"CPU-only node of a per-node launch: the node's JAX process gets {nproc} XLA CPU "
+                f"devices, one per worker (nproc_per_node: {d.provenance.get('nproc_per_node', '')})"))
+        return Devices(why=f"CPU only ({mine.seen})")
     if mine.kind in (GIVEN, NODE):
-        out["local_device_ids"] = list(mine.positions)
-        out["why"] = mine.why
-        return out
+        return Devices(list(mine.positions), why=mine.why)
     if mine.kind == CROWDED:
         raise DistEnvError(
             f"{d.local_world_size} JAX processes on this node but only {count} GPU(s) visible "
@@ -151,23 +179,16 @@ def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
         )
     index, why = mine.positions[0], mine.why
     if count == 1 or torch_imported:
-        out["local_device_ids"] = [index]
-        out["why"] = why + ("" if count == 1 else " (CUDA_VISIBLE_DEVICES left alone: torch is "
-                                                 "imported here and may have initialised CUDA)")
-        return out
+        return Devices([index], why=why + ("" if count == 1 else " (CUDA_VISIBLE_DEVICES left "
+                                           "alone: torch is imported here and may have initialised CUDA)"))
     narrowed = mine.ids[0]
-    out["cuda_visible_devices"] = narrowed
-    out["local_device_ids"] = [0]
-    out["why"] = f"{why}: CUDA_VISIBLE_DEVICES={narrowed}"
-    return out
+    return Devices([0], narrowed, why=f"{why}: CUDA_VISIBLE_DEVICES={narrowed}")
 
 
 def timeouts(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None
              ) -> "tuple[float, str]":
     """(seconds every process waits for the others, why): `timeout`, else DISTENV_TIMEOUT,
     else 180 (`distenv.knobs.timeout`)."""
-    from . import knobs
-
     src = os.environ if environ is None else environ
     if timeout is not None:
         if not float(timeout) > 0:
@@ -183,23 +204,23 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
          timeout: "float | None" = None, coordinator_address: "str | None" = None,
          num_processes: "int | None" = None, process_id: "int | None" = None,
          local_device_ids: "int | Sequence[int] | None" = None, discover: bool = False
-         ) -> "dict[str, Any]":
+         ) -> Plan:
     """What `initialize()` would give `jax.distributed.initialize`, without JAX (pure unless
-    `discover`): ``{"coordinator_address", "num_processes", "process_id", "local_device_ids",
-    "cuda_visible_devices", "cpu_devices", "timeout", "env", "why": {...}}``. Explicit values
-    win; JAX_COORDINATOR_ADDRESS counts as explicit (JAX itself reads it)."""
+    `discover`: then what the launch leaves unknown comes from the launcher's service,
+    `distenv.bringup.completed`). Explicit values win; JAX_COORDINATOR_ADDRESS counts as
+    explicit (JAX itself reads it)."""
     d, src = resolved(env, environ)
     why: "dict[str, str]" = {}
     seconds, why["timeout"] = timeouts(src, timeout)
-    if discover and d.is_distributed and d.launch != PER_NODE and (
-            (d.master_addr is None and coordinator_address is None
-             and not src.get("JAX_COORDINATOR_ADDRESS"))
-            or (d.world_size is None and num_processes is None)):
-        from . import discovery
+    if discover:
+        from .bringup import completed, needs
 
-        complete = getattr(discovery, "complete", None)  # the launcher's key-value service
-        if complete is not None:  # (MPICH, Intel MPI across nodes; collective: every rank)
-            d = complete(d, need=("master_addr", "world_size"), timeout=seconds)
+        given = {"master_addr": coordinator_address is not None or bool(src.get("JAX_COORDINATOR_ADDRESS")),
+                 "world_size": num_processes is not None, "num_nodes": num_processes is not None,
+                 "node_rank": process_id is not None}
+        need = tuple(f for f in needs(d) if not given[f])
+        if need:  # MPICH, Intel MPI across nodes; collective: every process asks
+            d = completed(d, need=need, timeout=seconds)
     count, index, how = processes(d)
     if num_processes is None:
         num_processes, why["num_processes"] = count, how
@@ -232,196 +253,54 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
                 "to every process, e.g. mpiexec -genv MASTER_ADDR <host>."
             )
         p, pwhy = coordinator_port(d, src, port)
-        coordinator_address = f"{_bracket(addr)}:{p}"
+        coordinator_address = knobs.address(addr, p)
         why["coordinator_address"] = f"master_addr ({d.provenance.get('master_addr', '')}); port {pwhy}"
     devices = device_plan(d, src)
     if local_device_ids is None and src.get("JAX_LOCAL_DEVICE_IDS"):
-        local_device_ids = [int(x) for x in src["JAX_LOCAL_DEVICE_IDS"].split(",")]
-        devices.update(cuda_visible_devices=None, cpu_devices=None, why="JAX_LOCAL_DEVICE_IDS")
+        devices = Devices([int(x) for x in src["JAX_LOCAL_DEVICE_IDS"].split(",")],
+                          why="JAX_LOCAL_DEVICE_IDS")
     elif local_device_ids is not None:
-        devices.update(cuda_visible_devices=None, cpu_devices=None, why="given")
-    else:
-        local_device_ids = devices["local_device_ids"]
-    why["devices"] = devices["why"]
+        devices = Devices([local_device_ids] if isinstance(local_device_ids, int)
+                          else list(local_device_ids), why="given")
+    why["devices"] = devices.why
     if not (0 <= process_id < num_processes):
         raise DistEnvError(f"process_id={process_id} is not in 0..{num_processes - 1} "
                            f"(num_processes={num_processes}). Fix: pass matching values.")
-    return {"coordinator_address": coordinator_address, "num_processes": int(num_processes),
-            "process_id": int(process_id),
-            "local_device_ids": [local_device_ids] if isinstance(local_device_ids, int) else list(local_device_ids),
-            "cuda_visible_devices": devices["cuda_visible_devices"],
-            "cpu_devices": devices["cpu_devices"], "timeout": seconds, "env": d, "why": why}
+    return Plan(d, coordinator_address, int(num_processes), int(process_id),
+                devices.local_device_ids, devices.cuda_visible_devices, devices.cpu_devices,
+                seconds, why)
 
 
 # -- pre-flight: every process meets process 0 before JAX's long, silent wait -------------------
-def _split(address: str) -> "tuple[str, int]":
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _hosts(found: "Mapping[int, str]") -> str:
-    names = sorted(set(found.values()))
-    return ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-
-
-def _ranges(ids: "Iterable[object]") -> str:
-    ids = list(ids)
-    shown = ", ".join(map(str, ids[:20]))
-    return shown + (f", ... ({len(ids)} in all)" if len(ids) > 20 else "")
-
-
 def preflight(address: str, num_processes: int, process_id: int, timeout: float,
-              what: str = "") -> float:
-    """Every process meets process 0 at `address` (the coordinator's port, before JAX binds it):
-    process 0 listens until all others said hello, then answers each "go"; when `timeout`
-    passes first it answers "missing <ids>" and raises, and so does every process that came.
-    A process that cannot reach process 0 in time raises naming the address. Returns the
-    seconds it took. `what` says where the address came from (for the error)."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    host, port = _split(address)
-    key = str(zlib.crc32(f"{address}|{num_processes}".encode()))  # both ends compute it
-    me = socket.gethostname()
-    if process_id == 0:
-        _serve(host, port, key, num_processes, deadline, timeout, address)
-    else:
-        _visit(host, port, key, num_processes, process_id, me, deadline, timeout, address, what)
-    return time.monotonic() - t0
+              what: str = "", job: str = "") -> float:
+    """Every process meets process 0 at `address` (``host:port``: process 0's host and the
+    pre-flight's port, `distenv.preflight.port`), before JAX's coordinator starts: the core's
+    one pre-flight (`distenv.preflight.meet`). A process that never comes within `timeout` is
+    named in a `DistEnvError` on every process that came; a process that cannot reach process 0
+    names the address. Returns the seconds it took. `what` says where the address came from;
+    `job` is the job's identity (`distenv.preflight.identity`)."""
+    from . import preflight as core
 
-
-def _serve(host: str, port: int, key: str, n: int, deadline: float, timeout: float,
-           address: str) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind(("", port))
-    except OSError as exc:
-        listener.close()
-        raise DistEnvError(
-            f"distenv.jax: process 0 cannot listen on the coordinator port {port} "
-            f"({exc.strerror}): another job or a leftover process holds it. Fix: set "
-            "JAX_COORDINATOR_PORT to a free port on every process (or MASTER_PORT, from which "
-            "the port is derived)."
-        ) from None
-    listener.listen(max(128, n))
-    listener.settimeout(0.2)
-    came: "dict[int, tuple[socket.socket, str]]" = {}   # process id -> (connection, host)
-    try:
-        while len(came) < n - 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = [i for i in range(1, n) if i not in came]
-                for conn, _ in came.values():
-                    _send(conn, f"missing {','.join(map(str, missing))}\n")
-                raise DistEnvError(
-                    f"distenv.jax: after {timeout:.0f} s, process 0 of {n} (the coordinator, "
-                    f"{address}) has not heard from process(es) {_ranges(missing)} "
-                    f"({len(came) + 1} of {n} came, on {_hosts({0: socket.gethostname(), **{i: h for i, (_, h) in came.items()}})}): "
-                    "they did not start, crashed before initialize, or cannot reach this host. "
-                    "Fix: start every process (same launcher, same job), check that process 0's "
-                    "address is reachable from them, or raise DISTENV_TIMEOUT."
-                )
-            try:
-                conn, _ = listener.accept()
-            except (socket.timeout, BlockingIOError):
-                continue
-            except OSError:
-                continue
-            hello = _read_line(conn, min(2.0, max(0.1, deadline - time.monotonic())))
-            words = hello.split()
-            if len(words) == 4 and words[0] == "distenv-jax" and words[1] == key \
-                    and words[2].isdigit() and 0 < int(words[2]) < n:
-                old = came.pop(int(words[2]), None)
-                if old is not None:
-                    old[0].close()
-                came[int(words[2])] = (conn, words[3])
-            else:
-                conn.close()  # another job's process, or a stray connection
-        for conn, _ in came.values():
-            _send(conn, "go\n")
-    finally:
-        for conn, _ in came.values():
-            conn.close()
-        listener.close()
-
-
-def _visit(host: str, port: int, key: str, n: int, me_id: int, me: str, deadline: float,
-           timeout: float, address: str, what: str) -> None:
-    hello = f"distenv-jax {key} {me_id} {me}\n"
-    reached = False
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            conn = socket.create_connection((host, port), timeout=min(1.0, left))
-        except OSError:
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-            continue
-        reached = True
-        try:
-            conn.sendall(hello.encode())
-            # process 0 answers when everyone came or its own deadline passed; allow a little
-            # beyond ours for that answer to arrive.
-            answer = _read_line(conn, max(0.5, deadline - time.monotonic()) + 5.0)
-        except OSError:
-            answer = ""
-        finally:
-            conn.close()
-        if answer == "go":
-            return
-        if answer.startswith("missing "):
-            raise DistEnvError(
-                f"distenv.jax: process {me_id} of {n} met the coordinator (process 0 at {address}), "
-                f"but process(es) {_ranges(answer.split()[1].split(','))} never came within "
-                f"{timeout:.0f} s: they did not start, crashed before initialize, or cannot reach "
-                f"{host}. Fix: start every process (same launcher, same job), or raise DISTENV_TIMEOUT."
-            )
-        time.sleep(0.2)  # not process 0's pre-flight (yet): another listener on that port
-    src = f" ({what})" if what else ""
-    raise DistEnvError(
-        f"distenv.jax: process {me_id} of {n} could not "
-        f"{'meet' if reached else 'reach'} the coordinator (process 0) at {address}{src} within "
-        f"{timeout:.0f} s: process 0 did not start, died, or runs on another host. Fix: check "
-        "that process 0 started, that this address is its host and reachable from here (else "
-        "set MASTER_ADDR or JAX_COORDINATOR_ADDRESS), or raise DISTENV_TIMEOUT."
-    )
-
-
-def _read_line(conn: socket.socket, wait: float) -> str:
-    conn.settimeout(wait)
-    data = b""
-    end = time.monotonic() + wait
-    try:
-        while not data.endswith(b"\n") and len(data) < 512 and time.monotonic() < end:
-            chunk = conn.recv(512)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        pass
-    return data.decode("ascii", "replace").strip()
-
-
-def _send(conn: socket.socket, text: str) -> None:
-    try:
-        conn.sendall(text.encode())
-    except OSError:
-        pass
+    host, _, port = address.rpartition(":")
+    return core.meet(core.Meeting(
+        size=num_processes, index=process_id, host=host.strip("[]"), port=int(port),
+        job=job or f"jax|{address}", timeout=timeout, who="distenv.jax", noun="process",
+        entry="jax.distributed.initialize", address_from=what,
+        address_fix="set MASTER_ADDR, or JAX_COORDINATOR_ADDRESS=<host>:<port>, on every process"))
 
 
 # -- the call ---------------------------------------------------------------------------------
-def _apply_devices(p: "dict[str, Any]", jax: "Any") -> None:
+def _apply_devices(p: Plan, jax: "Any") -> None:
     """Write what the plan says before JAX creates its backends."""
-    cuda = p["cuda_visible_devices"]
+    cuda = p.cuda_visible_devices
     if cuda is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != cuda:
         os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[GPU_SLICE_VAR] = cuda
-    if p["cpu_devices"]:
+    if p.cpu_devices:
         try:
-            jax.config.update("jax_num_cpu_devices", p["cpu_devices"])
+            jax.config.update("jax_num_cpu_devices", p.cpu_devices)
         except (AttributeError, KeyError, ValueError):  # older JAX: the XLA flag
-            flag = f"--xla_force_host_platform_device_count={p['cpu_devices']}"
+            flag = f"--xla_force_host_platform_device_count={p.cpu_devices}"
             os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     try:
         current = jax.config.jax_cpu_collectives_implementation
@@ -434,8 +313,7 @@ def _apply_devices(p: "dict[str, Any]", jax: "Any") -> None:
             pass
 
 
-def _call(original: "Any", p: "dict[str, Any]", extra: "dict[str, Any]",
-          preflight_on: bool = True) -> "Any":
+def _call(original: "Any", p: Plan, extra: "dict[str, Any]", preflight_on: bool = True) -> "Any":
     """Pre-flight, then `original` (jax.distributed.initialize) with the plan's arguments."""
     import inspect
 
@@ -444,10 +322,10 @@ def _call(original: "Any", p: "dict[str, Any]", extra: "dict[str, Any]",
         accepted = set(inspect.signature(original).parameters)
     except (TypeError, ValueError):
         accepted = None
-    seconds = p["timeout"]
+    seconds = p.timeout
     wait = max(1, math.ceil(seconds))
-    kwargs = {"coordinator_address": p["coordinator_address"], "num_processes": p["num_processes"],
-              "process_id": p["process_id"], "local_device_ids": p["local_device_ids"],
+    kwargs = {"coordinator_address": p.coordinator_address, "num_processes": p.num_processes,
+              "process_id": p.process_id, "local_device_ids": p.local_device_ids,
               "initialization_timeout": wait,
               "heartbeat_timeout_seconds": min(JAX_HEARTBEAT_TIMEOUT, max(MIN_HEARTBEAT, wait)),
               "shutdown_timeout_seconds": min(JAX_SHUTDOWN_TIMEOUT, max(MIN_HEARTBEAT, wait))}
@@ -455,11 +333,16 @@ def _call(original: "Any", p: "dict[str, Any]", extra: "dict[str, Any]",
     if accepted is not None and not any(
             v.kind == inspect.Parameter.VAR_KEYWORD for v in inspect.signature(original).parameters.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in accepted or k in extra}
-    if preflight_on and p["num_processes"] > 1:
-        took = preflight(kwargs["coordinator_address"], p["num_processes"], p["process_id"], seconds,
-                         p["why"].get("coordinator_address", ""))
-        _log().debug("%d processes met at %s in %.1f s", p["num_processes"],
-                     kwargs["coordinator_address"], took)
+    n, index, address = p.num_processes, p.process_id, p.coordinator_address
+    assert n is not None and index is not None and address is not None  # a plan of distenv's own
+    if preflight_on and n > 1:
+        from . import preflight as core
+
+        host = address.rpartition(":")[0].strip("[]")
+        met = knobs.address(host, core.port(p.env, host))
+        took = preflight(met, n, index, seconds, p.why.get("coordinator_address", ""),
+                         core.identity(p.env, "jax", address, n))
+        _log().debug("%d processes met at %s in %.1f s", n, met, took)
     return original(**kwargs)
 
 
@@ -468,7 +351,7 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
                local_device_ids: "int | Sequence[int] | None" = None, *,
                env: "DistEnv | Mapping[str, str] | None" = None, port: "int | None" = None,
                timeout: "float | None" = None, preflight: bool = True,
-               **kwargs: "Any") -> "dict[str, Any]":
+               **kwargs: "Any") -> Plan:
     """Start JAX's distributed runtime for this launch; returns the plan used (see `plan`).
 
     Call it before any JAX computation. Arguments named like `jax.distributed.initialize`'s win
@@ -489,22 +372,16 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
     cluster = _defer(d, jax, explicit or local_device_ids is not None)
     if cluster is not None:
         original(**kwargs)
-        out = {"initialized": True, "jax_cluster": cluster, "env": d,
-               "why": {"num_processes": f"JAX's own {cluster!r} detection (no launcher variables)"}}
-        _last.clear()
-        _last.update(out)
-        return out
+        return _keep(Plan(d, initialized=True, jax_cluster=cluster, why={
+            "num_processes": f"JAX's own {cluster!r} detection (no launcher variables)"}))
     p = plan(d, environ=src, port=port, timeout=timeout, coordinator_address=coordinator_address,
              num_processes=num_processes, process_id=process_id,
              local_device_ids=local_device_ids, discover=True)
     _apply_devices(p, jax)
-    _last.clear()
-    _last.update(p)
-    if p["num_processes"] > 1 or explicit:
+    _keep(p)
+    if (p.num_processes or 0) > 1 or explicit:
         _call(original, p, kwargs, preflight)
-        p["initialized"] = True
-    else:
-        p["initialized"] = False
+        return _keep(replace(p, initialized=True))
     return p
 
 
@@ -578,9 +455,7 @@ def patch() -> None:
             return current(*args, **kwargs)  # a platform JAX knows and distenv does not
         p = plan(discover=True, **named)
         _apply_devices(p, jax)
-        _last.clear()
-        _last.update(p)
-        p["initialized"] = True
+        _keep(replace(p, initialized=True))
         return _call(current, p, given)
 
     initialize._distenv = True  # type: ignore[attr-defined]  # a marker on the wrapper
@@ -599,4 +474,4 @@ def unpatch() -> None:
 
 
 __all__ = ["initialize", "plan", "patch", "unpatch", "preflight", "coordinator_port",
-           "device_plan", "processes", "own_detection"]
+           "device_plan", "processes", "own_detection", "last", "Plan", "Devices"]

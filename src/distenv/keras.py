@@ -83,7 +83,7 @@ def worker_index(env: "DistEnv | Mapping[str, str] | None" = None) -> int:
     """This worker's index (global rank; node rank for a per-node launch)."""
     tf_adapter = sys.modules.get("distenv.tensorflow")
     if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
-        index: "int | None" = tf_adapter._last["plan"].get("index")
+        index: "int | None" = tf_adapter._last["plan"].index
         if index is not None:
             return index
     d = _resolve(env)
@@ -95,7 +95,7 @@ def is_distributed(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     """True when more than one worker trains (the TF cluster's workers, else the launch's)."""
     tf_adapter = sys.modules.get("distenv.tensorflow")
     if env is None and tf_adapter is not None and tf_adapter._last.get("plan") is not None:
-        return len(tf_adapter._last["plan"].get("workers") or ()) > 1
+        return len(tf_adapter._last["plan"].workers) > 1
     return _resolve(env).is_distributed
 
 
@@ -306,8 +306,8 @@ def _args(env: "DistEnv | Mapping[str, str] | None" = None, *,
     from .jax import plan
 
     p = plan(env, environ=environ, port=port, discover=discover)
-    return {"job_addresses": p["coordinator_address"], "num_processes": p["num_processes"],
-            "process_id": p["process_id"]}
+    return {"job_addresses": p.coordinator_address, "num_processes": p.num_processes,
+            "process_id": p.process_id}
 
 
 def initialize(env: "DistEnv | Mapping[str, str] | None" = None, *, port: "int | None" = None,

@@ -372,6 +372,12 @@ def side_port(env: "DistEnv", purpose: str, environ: "Mapping[str, str] | None" 
     return base
 
 
+def address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:29500``), as every launcher and
+    framework writes an address."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def _affinity(pid: int = 0) -> "set[int] | None":
     try:
         return set(os.sched_getaffinity(pid))

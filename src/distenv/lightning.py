@@ -42,6 +42,7 @@ import os
 import sys
 
 from . import resolve
+from .bringup import ALLOW, ALWAYS, NEVER, bring_up
 from .description import PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError, install_excepthook
 
@@ -129,17 +130,15 @@ def trainer_kwargs(environ: "Mapping[str, str] | None" = None, **overrides: Any)
     return {"devices": devices, "num_nodes": nodes}
 
 
-def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]") -> DistEnv:
-    """The launch. A worker Lightning started from a per-node process is described by the
-    ``lightning`` source (`distenv.sources.lightning_node`) from the node's hand-off."""
-    env = resolve(environ, **overrides)
-    if environ is None:
-        # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
-        # key-value service (every rank builds its Trainer, so every rank takes part).
-        from .discovery import complete
-
-        env = complete(env, need=("master_addr", "world_size", "node_rank", "num_nodes"))
-    return env
+def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]",
+             teardown: str = NEVER) -> DistEnv:
+    """The launch (`distenv.bringup.bring_up`: a per-node launch is Lightning's to start; what
+    the variables leave unknown, the node index and count too, comes from the launcher's
+    service -- every rank builds its Trainer, so every rank takes part). A worker Lightning
+    started from a per-node process is described by the ``lightning`` source
+    (`distenv.sources.lightning_node`) from the node's hand-off."""
+    return bring_up("lightning", environ=environ, overrides=overrides, per_node=ALLOW, nodes=True,
+                    export=NEVER, teardown=teardown)
 
 
 def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":
@@ -371,7 +370,8 @@ class DistenvEnvironment:
 
     def __init__(self, environ: "MutableMapping[str, str] | None" = None, **overrides: Any) -> None:
         self._environ: "MutableMapping[str, str]" = os.environ if environ is None else environ
-        self._env = _resolve(environ, overrides)
+        # The Trainer's process group ends before Python does (bring_up registers distenv._teardown).
+        self._env = _resolve(environ, overrides, teardown=ALWAYS)
         self._global_rank: "int | None" = None
         self._world_size: "int | None" = None
         self._devices: "int | None" = None  # the Trainer's devices, once validated
@@ -382,10 +382,6 @@ class DistenvEnvironment:
             raise DistEnvError(missing_message(self._env, [n for n, v in (
                 ("RANK", self._env.rank), ("WORLD_SIZE", self._env.world_size)) if v is None]))
         _register()
-        from . import _teardown
-
-        # The Trainer's process group ends before Python does (see distenv._teardown).
-        _teardown.register()
 
     def __getstate__(self) -> "dict[str, Any]":
         # Picklable for spawn-based strategies: os.environ is the child's own there, and a

@@ -241,8 +241,6 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     launcher offers a service that knows (PMI-1, PMIx, Cray PALS's apinfo), ask it first
     (`distenv.discovery.complete`); the command then gets the answer (DISTENV_PMI_HELD,
     DISTENV_PMIX_HELD), so neither it nor its children ask again."""
-    from .resolver import resolve
-
     opts, cmd = parse(argv)
     if opts["help"]:
         raise Usage("")
@@ -251,21 +249,24 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     child = dict(os.environ if environ is None else environ)
     if opts["nproc_per_node"] is not None:
         child["DISTENV_NPROC_PER_NODE"] = opts["nproc_per_node"]
+    from .bringup import ALLOW, NEVER, bring_up
+
+    # `discover` (main): what the launch leaves unknown comes from the launcher's service; the
+    # command then gets the answer (exec keeps the pid: the services' `inherited`), so neither
+    # it nor its children ask again (Open MPI 4's in-process client is finalized before exec).
+    # The variables are exported below, into the command's environment, once decided.
     try:
-        env = resolve(child)
+        # every node fact, not only the master: the command it execs (a Lightning script,
+        # say) may need them, and gets this process's answer (`handoffs`) instead of asking
+        env = bring_up("run", environ=child, per_node=ALLOW, complete=discover and environ is None,
+                       nodes=True, export=NEVER, teardown=NEVER)
     except DistEnvError as exc:
         if opts["nproc_per_node"] is not None:
             raise DistEnvError(as_flag(str(exc), opts["nproc_per_node"])) from None
         raise
     if discover and environ is None:
-        from .discovery import complete, handoffs
+        from .discovery import handoffs
 
-        # every node fact, not only the master: the command it execs (a Lightning script,
-        # say) may need them, and gets this process's answer (`handoffs`) instead of asking
-        env = complete(env, need=("master_addr", "node_rank", "num_nodes") if env.launch == PER_NODE
-                       else ("master_addr", "world_size", "node_rank"))
-        # exec keeps the pid: the command completes from these without asking again (the
-        # services' `inherited`); Open MPI 4's in-process client is finalized before exec
         child.update(handoffs())
     child["DISTENV_AUTO"] = "1"
     child["DISTENV_RUN"] = "1"
@@ -316,7 +317,11 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             "inherit that binding: they will share it. Fix: let the launcher bind nothing "
             "(mpirun --bind-to none, or --map-by ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
     run_id = env.job_id or f"distenv-{env.master_port}"
+    from .knobs import address
     from .resolver import host_problem
+
+    port = env.master_port
+    assert port is not None  # the resolver always sets one (derived from the job, else 29500)
 
     # The address goes on torchrun's command line: one that starts with '-' would be read as
     # an option there. The resolver refuses it; one the launcher's service gave (discovery)
@@ -325,14 +330,11 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     if problem:
         raise DistEnvError(f"{problem} Fix: set MASTER_ADDR to rank 0's host name or address "
                            "on every node.")
-    host = str(env.master_addr)
-    if ":" in host and not host.startswith("["):  # an IPv6 address: torchrun's host:port needs [..]
-        host = f"[{host}]"
     argv_ = [python, "-m", "torch.distributed.run",
              "--nnodes", str(env.num_nodes), "--node-rank", str(env.node_rank),
              "--nproc-per-node", str(env.nproc_per_node),
              "--master-addr", str(env.master_addr), "--master-port", str(env.master_port),
-             "--rdzv-backend", "static", "--rdzv-endpoint", f"{host}:{env.master_port}",
+             "--rdzv-backend", "static", "--rdzv-endpoint", address(str(env.master_addr), port),
              "--rdzv-id", str(run_id), "--no-python",
              *with_local_rank(cmd, style, "${local_rank}")]
     return Plan(argv_, child, env, "torchrun", warnings)

@@ -9,20 +9,21 @@
 
 `init_process_group(backend=None, timeout=None, **kwargs)`:
 
-1. resolves the launch (`distenv.resolve()`) and refuses a *per-node* launch (one
-   process per node that was meant to start the workers) with the command that would;
-2. exports the torch variables (MASTER_ADDR, RANK, ...; see `DistEnv.export`) for any
-   library that reads them later;
+1. brings the launch up (`distenv.bringup.bring_up`): resolves it, refuses a *per-node*
+   launch (one process per node that was meant to start the workers) with the command that
+   would, completes what the launcher's variables left unknown from its own service, exports
+   the torch variables (MASTER_ADDR, RANK, ...; see `DistEnv.export`) for any library that
+   reads them later, and registers the orderly end of the process group at exit;
+2. pins this process (`pin`): its CUDA device -- local rank N takes device N, unless the
+   scheduler already narrowed CUDA_VISIBLE_DEVICES per task (fewer devices than local
+   processes), in which case each process takes its first visible device -- and, when the
+   user did not set OMP_NUM_THREADS, its CPU threads: the cores this process may run on,
+   shared among the processes of the node unless the launcher bound each to cores of its own;
 3. chooses the backend: NCCL when a CUDA device is usable, else gloo;
-4. binds this process's CUDA device: local rank N takes device N, unless the scheduler
-   already narrowed CUDA_VISIBLE_DEVICES per task (fewer devices than local processes),
-   in which case each process takes its first visible device;
-5. sets the CPU thread count when the user did not (OMP_NUM_THREADS unset): the cores
-   this process may run on, shared among the processes of the node unless the launcher
-   bound each process to cores of its own;
-6. joins the rendezvous with a short timeout (DISTENV_TIMEOUT seconds, default 180, never
-   longer than `timeout`): a rank that never starts makes every other rank fail with a
-   message naming what is missing, instead of waiting torch's 30 minutes.
+4. meets every rank on torch's own store before torch's long wait (`distenv.preflight.meet_on`,
+   at most DISTENV_TIMEOUT seconds, default 180, never longer than `timeout`): a rank that
+   never starts makes every other rank fail with one `distenv: error:` line naming it, instead
+   of waiting torch's 30 minutes.
 
 torch is imported inside the functions: `import distenv.torch` costs nothing without it.
 """
@@ -32,8 +33,11 @@ from __future__ import annotations
 import datetime
 import os
 
-from . import resolve
-from . import knobs
+from dataclasses import dataclass
+
+from . import knobs, resolve
+from .bringup import bring_up
+from .bringup import per_node_message as _per_node_message
 from .description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
 
@@ -44,6 +48,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
+    from . import preflight
+
 #: Seconds the rendezvous waits for every rank (override: DISTENV_TIMEOUT; see distenv.knobs).
 DEFAULT_RENDEZVOUS_TIMEOUT = knobs.DEFAULT_TIMEOUT
 
@@ -52,41 +58,32 @@ _device = None  # set by init_process_group
 _started: "tuple[DistEnv, Any] | None" = None
 
 
-class RendezvousError(RuntimeError):
-    """Not every rank joined the rendezvous in time, or rank 0's address is unusable."""
+#: Not every rank came to the rendezvous in time: a `DistEnvError` (one line with its Fix),
+#: as every other refusal; the name stays for code that caught it.
+RendezvousError = DistEnvError
 
 
 # -- decisions (pure: unit-tested on recorded environments) ------------------------------------
 def per_node_message(env: DistEnv) -> str:
-    """Why a per-node launch cannot call init_process_group, and the commands that would work."""
-    nproc = env.nproc_per_node if env.nproc_per_node is not None else "N"
-    nodes = env.num_nodes if env.num_nodes is not None else "<nodes>"
-    node = env.node_rank if env.node_rank is not None else "<node rank>"
-    addr = env.master_addr or "<rank 0 host>"
-    why = env.provenance.get("launch", "one process per node")
-    return (
-        f"this process is node {node} of {nodes} of a per-node launch ({why}; "
-        f"nproc_per_node={nproc} from {env.provenance.get('nproc_per_node', 'unknown')}): "
-        f"it is not a training worker, so it cannot join a process group. Fix: start the "
-        f"{nproc} workers from it, e.g. `torchrun --nnodes {nodes} --node-rank {node} "
-        f"--nproc-per-node {nproc} --master-addr {addr} --master-port {env.master_port} "
-        f"train.py`, or let Lightning start them (Trainer(plugins=[distenv.lightning."
-        f"DistenvEnvironment()], **distenv.lightning.trainer_kwargs())), or launch one process "
-        f"per worker (e.g. mpirun -np <workers>) and unset DISTENV_NPROC_PER_NODE."
-    )
+    """Why a per-node launch cannot call init_process_group, and the commands that would work
+    (the one refusal of every adapter, `distenv.bringup.per_node_message`)."""
+    return _per_node_message(env, "torch")
 
 
-def choose_device(env: DistEnv, cuda_count: int, environ: "Mapping[str, str] | None" = None
-                  ) -> "tuple[int | None, str]":
+#: The CPU way out of a device error, in each caller's words.
+NO_GPU = "pass backend='gloo'"
+
+
+def choose_device(env: DistEnv, cuda_count: int, environ: "Mapping[str, str] | None" = None,
+                  instead: str = NO_GPU) -> "tuple[int | None, str]":
     """(CUDA device index for this process or None for CPU, why): the core's one-device
-    policy (`distenv.gpus.one_device`).
+    policy (`distenv.gpus.one_device`); `instead` ends the Fix of its error.
 
     `cuda_count` is what torch.cuda.device_count() sees, i.e. after CUDA_VISIBLE_DEVICES.
     """
     from .gpus import device_index
 
-    return device_index(env, cuda_count, os.environ if environ is None else environ,
-                        "pass backend='gloo'")
+    return device_index(env, cuda_count, os.environ if environ is None else environ, instead)
 
 
 def choose_backend(requested: "str | None", device_index: "int | None", nccl: bool) -> str:
@@ -117,6 +114,36 @@ def choose_threads(env: DistEnv, environ: "Mapping[str, str] | None" = None,
     return knobs.core_share(env.local_world_size, mine, parent)
 
 
+@dataclass(frozen=True)
+class Pin:
+    """What `pin` did: this process's CUDA device (None: the CPU) and its threads (None: left
+    as the user or the launcher set them), each with why."""
+
+    device: "int | None"
+    device_why: str
+    threads: "int | None"
+    threads_why: str
+
+
+def pin(env: DistEnv, *, threads: bool = True, instead: str = NO_GPU) -> Pin:
+    """Pin this process as the launch says, the one step `init_process_group` and
+    `distenv.horovod` (PyTorch) share: its CUDA device (`choose_device`; an error ending with
+    `instead` when more local processes than devices have nothing narrowed), and, with
+    `threads` and OMP_NUM_THREADS unset, torch's CPU threads (`choose_threads`), written to
+    OMP_NUM_THREADS too for the libraries and processes that read it."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index, why = choose_device(env, count, instead=instead)
+    if index is not None:
+        torch.cuda.set_device(index)
+    n, threads_why = choose_threads(env) if threads else (None, "left alone (threads=False)")
+    if n is not None:
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        torch.set_num_threads(n)
+    return Pin(index, why, n, threads_why)
+
+
 def rendezvous_timeout(timeout: "datetime.timedelta | None",
                        environ: "Mapping[str, str] | None" = None) -> datetime.timedelta:
     limit = datetime.timedelta(seconds=knobs.timeout(environ))
@@ -139,7 +166,7 @@ def init_process_group(backend: "str | None" = None,
     the rendezvous waits at most min(timeout, DISTENV_TIMEOUT or 180 s) for every rank.
     Other keyword arguments go to `torch.distributed.init_process_group` (pg_options,
     device_id, ...). Raises `DistEnvError` for a launch that cannot start a process group
-    (per-node, incomplete) and `RendezvousError` when ranks do not all join in time.
+    (per-node, incomplete, or ranks that do not all come in time: one line naming them).
 
     Called while the default group is up (a second call; a group the script started), it
     starts nothing and returns the description when the group is this launch's (same rank
@@ -151,29 +178,10 @@ def init_process_group(backend: "str | None" = None,
 
     if dist.is_available() and dist.is_initialized():
         return _already_up(dist, backend)
-    env = resolve()
-    if env.launch == PER_NODE:
-        raise DistEnvError(per_node_message(env))
-    # MPICH/Intel MPI across nodes: rank 0's host from the launcher's key-value service.
-    from .discovery import complete
-
-    env = complete(env, need=("master_addr", "world_size"), timeout=rendezvous_timeout(
-        _as_timedelta(timeout)).total_seconds())
-    env.export()
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index, _ = choose_device(env, count)
-    chosen = choose_backend(backend, index, dist.is_nccl_available())
-    if index is not None:
-        torch.cuda.set_device(index)
-        _device = torch.device("cuda", index)
-    else:
-        _device = torch.device("cpu")
-
-    threads, _ = choose_threads(env)
-    if threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        torch.set_num_threads(threads)
+    env = bring_up("torch", timeout=rendezvous_timeout(_as_timedelta(timeout)).total_seconds())
+    pinned = pin(env)
+    chosen = choose_backend(backend, pinned.device, dist.is_nccl_available())
+    _device = torch.device("cpu") if pinned.device is None else torch.device("cuda", pinned.device)
 
     pg_timeout = _as_timedelta(timeout)
     if pg_timeout is not None:
@@ -186,16 +194,12 @@ def init_process_group(backend: "str | None" = None,
             pg_timeout = _get_default_timeout(chosen)
         store.set_timeout(pg_timeout)  # later store waits (new_group, ...) use torch's timeout
         # The process group's keys (each rank's gloo address, ...) under a prefix of their own
-        # per torchrun restart and per call, as torch's env:// does (/worker/attempt_N): the
-        # agent's store outlives a restart, and restarted ranks would otherwise read the dead
-        # round's addresses (gloo: "Connection refused").
-        kwargs["store"] = dist.PrefixStore(
-            f"distenv/pg/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')}/{_generation}/", store)
+        # per job, torchrun restart and call (the meeting's key), as torch's env:// does
+        # (/worker/attempt_N): the agent's store outlives a restart, and restarted ranks would
+        # otherwise read the dead round's addresses (gloo: "Connection refused").
+        kwargs["store"] = dist.PrefixStore(f"distenv/pg/{_key}/", store)
     dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size, **kwargs)
     _started = (env, dist.group.WORLD)
-    from . import _teardown
-
-    _teardown.register()  # an orderly end at exit (torch's gloo threads can abort it otherwise)
     return env
 
 
@@ -224,18 +228,21 @@ def _already_up(dist: Any, backend: "str | None") -> DistEnv:
     return env
 
 
-def _listening(addr: str, port: int, wait: datetime.timedelta, start: float) -> None:
+def _listening(addr: str, port: int, wait: datetime.timedelta, start: float, size: int) -> None:
     """Return once something accepts connections at addr:port; TimeoutError after `wait`.
 
     torch's TCPStore client, refused because the server is not listening yet, sleeps a
     jittered backoff before it tries again: a client that came 20 ms before rank 0's store
-    connected after 0.3-0.7 s (measured, torch 2.13). Each rank of a job starts at its own
-    pace, so that is what most starts paid. Knocking with a plain socket every few
-    milliseconds first, the client connects within 5-10 ms of the store listening."""
+    connected after 0.3-0.7 s (measured, torch 2.13). Knocking with a plain socket first, the
+    client connects within a few milliseconds of the store listening: pauses from 10 ms,
+    growing by half, jittered, up to the pre-flight's pace for `size` ranks
+    (`distenv.preflight.pace`: about RATE knocks a second at rank 0's host, whatever the size)."""
     import socket
     import time
 
-    pause = 0.002
+    from .preflight import FIRST_PAUSE, jitter, pace
+
+    pause, cap = FIRST_PAUSE, pace(size)
     while True:
         left = wait.total_seconds() - (time.monotonic() - start)
         try:
@@ -244,8 +251,8 @@ def _listening(addr: str, port: int, wait: datetime.timedelta, start: float) -> 
         except OSError as exc:
             if left <= 0:
                 raise TimeoutError(f"nothing listens at {addr}:{port}: {exc}") from None
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.05)
+        time.sleep(max(0.0, min(pause * jitter(), left)))
+        pause = min(pause * 1.5, cap)
 
 
 def _connect(TCPStore: Any, addr: str, port: int, size: int, host: bool, wait: datetime.timedelta,
@@ -260,7 +267,7 @@ def _connect(TCPStore: Any, addr: str, port: int, size: int, host: bool, wait: d
         return TCPStore(addr, port, size, True, timeout=wait, wait_for_workers=False, multi_tenant=True)
     second = datetime.timedelta(seconds=1)
     while True:
-        _listening(addr, port, wait, start)
+        _listening(addr, port, wait, start, size)
         left = wait - datetime.timedelta(seconds=time.monotonic() - start)
         try:
             return TCPStore(addr, port, size, False, timeout=max(left / 3, second),
@@ -270,108 +277,67 @@ def _connect(TCPStore: Any, addr: str, port: int, size: int, host: bool, wait: d
                 raise
 
 
-#: Seconds between rank 0's progress lines while it waits for the other ranks.
-PROGRESS_EVERY = 10.0
-
-
-def _wait_all(store: Any, prefix: str, env: DistEnv, wait: datetime.timedelta, start: float) -> None:
-    """Wait (at most `wait` since `start`) until every rank joined; rank 0 logs every
-    PROGRESS_EVERY seconds how many did and which are missing (logger ``distenv.torch``)."""
-    import time
-
-    size = env.world_size
-    assert size is not None  # init_process_group exported it
-    while True:
-        left = wait.total_seconds() - (time.monotonic() - start)
-        step = max(min(left, PROGRESS_EVERY), 1.0) if env.rank == 0 else max(left, 1.0)
-        try:
-            store.wait([f"{prefix}all"], datetime.timedelta(seconds=step))
-            return
-        except Exception:  # noqa: BLE001 - torch raises DistStoreError on a timeout
-            if env.rank != 0 or left <= step:
-                raise
-        came = int(store.add(f"{prefix}count", 0))
-        if came >= size:
-            continue  # the last one is setting the key now
-        missing = [r for r in range(size) if not store.check([f"{prefix}rank/{r}"])]
-        shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
-        from .log import get_logger
-
-        get_logger("distenv.torch").info(
-            "%d of %d ranks joined; waiting for %s (%d s so far; gives up after %d s, "
-            "DISTENV_TIMEOUT)",
-            size - len(missing), size, shown, time.monotonic() - start, wait.total_seconds())
-
-
 _generation = 0  # init_process_group calls in this process: keeps each rendezvous's keys apart
+_key = ""  # the last meeting's key: the process group's keys go under it
+
+
+def meeting(env: DistEnv, wait: datetime.timedelta, generation: int = 0) -> "preflight.Meeting":
+    """The pre-flight of this launch on torch's store: every rank, at MASTER_ADDR:MASTER_PORT,
+    within `wait`; its key carries the job, torchrun's restart count and the call."""
+    from . import preflight
+
+    addr, port, size, rank = env.master_addr, env.master_port, env.world_size, env.rank
+    assert addr is not None and port is not None and size is not None and rank is not None
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "-")
+    return preflight.Meeting(
+        size=size, index=rank, host=addr, port=port, timeout=wait.total_seconds(),
+        job=preflight.identity(env, "torch", restart, generation), who="distenv.torch",
+        noun="rank", entry="init_process_group",
+        address_from=f"{env.provenance.get('master_addr', '')}; port: "
+                     f"{env.provenance.get('master_port', '')}",
+        address_fix="set MASTER_ADDR to rank 0's host on every rank",
+        place="torchrun's store" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        else "rank 0's store")
 
 
 def _rendezvous(env: DistEnv, wait: datetime.timedelta) -> Any:
-    """The TCPStore every rank joins; rank 0 hosts it. Every rank then announces itself and
-    waits for all the others, at most `wait` in all: a rank that never comes (dead, hung,
-    never started) is named in the error on every rank that did come -- also under torchrun,
-    where the agent hosts the store and no rank would otherwise wait before gloo's
-    (30-minute) connection timeout."""
+    """The TCPStore every rank joins -- rank 0 hosts it, or torchrun's agent does -- and the
+    pre-flight on it (`distenv.preflight.meet_on`, at most `wait` in all): a rank that never
+    comes (dead, hung, never started) is named in one line on every rank that did, also under
+    torchrun, where no rank would otherwise wait less than gloo's 30-minute connection timeout.
+
+    Why the store and not the core's socket star (`distenv.preflight.meet`): under torchrun the
+    agent's store is the one address every rank is given, and rank 0 need not run on its host
+    (c10d rendezvous), so there is no rank-0 address to dial; and every rank connects to this
+    store anyway for the process group: no second port, no second listener. The meeting keeps
+    the star's properties: a constant number of requests per rank, rank 0 alone names the
+    missing ranks, keys that carry the job."""
     import time
 
     from torch.distributed import TCPStore
 
-    global _generation
+    from . import preflight
+
+    global _generation, _key
     _generation += 1
     start = time.monotonic()
-    addr, port, size = env.master_addr, env.master_port, env.world_size
-    assert addr is not None and port is not None and size is not None  # exported before
-    where = f"{addr}:{port} ({env.provenance.get('master_addr', '')}; " \
-            f"port: {env.provenance.get('master_port', '')})"
-    seconds = int(wait.total_seconds())
+    m = meeting(env, wait, _generation)
+    _key = preflight.key(m)
+    preflight.descriptors(2 * m.size + 256)  # the store's host holds a connection per rank
     # Under torchrun the agent already hosts the store at MASTER_ADDR:MASTER_PORT: every
     # rank is a client there (torch's env:// does the same).
     host = env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     try:
-        store = _connect(TCPStore, addr, port, size, host, wait, start)
+        store = _connect(TCPStore, m.host, m.port, m.size, host, wait, start)
     except Exception as exc:  # torch raises DistNetworkError/DistStoreError/RuntimeError
         text = " ".join(str(exc).split())
-        if env.rank == 0 and "in use" in text.lower():
-            fix = (f"port {port} on {addr} is taken (another job?). Fix: set MASTER_PORT to a "
-                   "free port on every rank")
-        else:
-            fix = (f"rank {env.rank} could not reach rank 0's store at {where} within "
-                   f"{seconds} s. Check that rank 0 started and that {addr} is rank 0's host, "
-                   f"reachable from here (else set MASTER_ADDR); set DISTENV_TIMEOUT=<seconds> "
-                   "to wait longer")
-        raise RendezvousError(f"distenv.torch: rendezvous of {size} ranks failed: {fix}. "
-                              f"torch said: {text[:300]}") from None
-
-    import socket
-
-    prefix = (f"distenv/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')}/"
-              f"{_generation}/")
-    try:
-        store.set(f"{prefix}rank/{env.rank}", socket.gethostname())
-        if store.add(f"{prefix}count", 1) >= size:
-            store.set(f"{prefix}all", "1")
-        _wait_all(store, prefix, env, wait, start)
-    except Exception as exc:  # the wait timed out, or rank 0 (the store) went away
-        text = " ".join(str(exc).split())
-        try:
-            came = {r: store.get(f"{prefix}rank/{r}").decode(errors="replace")
-                    for r in range(size) if store.check([f"{prefix}rank/{r}"])}
-        except Exception:  # noqa: BLE001 - the store itself is gone (rank 0 died)
-            raise RendezvousError(
-                f"distenv.torch: rendezvous of {size} ranks failed: rank {env.rank} lost rank "
-                f"0's store at {where} while waiting for the other ranks (rank 0 ended?). "
-                f"torch said: {text[:300]}") from None
-        missing = [r for r in range(size) if r not in came]
-        shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)"
-                                                     if len(missing) > 20 else "")
-        hosts = sorted(set(came.values()))
-        raise RendezvousError(
-            f"distenv.torch: rendezvous of {size} ranks failed: rank {env.rank} waited "
-            f"{seconds} s at {where}; rank(s) {shown} never joined ({len(came)} of {size} "
-            f"did, on {', '.join(hosts[:8])}{', ...' if len(hosts) > 8 else ''}). Check that "
-            f"the launcher started {size} processes, that none of them died or hangs before "
-            f"init_process_group, and that each reaches {addr}; set DISTENV_TIMEOUT=<seconds> "
-            f"to wait longer. torch said: {text[:200]}") from None
+        if host and "in use" in text.lower():
+            raise DistEnvError(
+                f"distenv.torch: rank 0 cannot listen on {m.host}:{m.port} for torch's store: the "
+                f"port is taken (another job?). Fix: set MASTER_PORT to a free port on every rank "
+                f"(torch said: {text[:200]}).") from None
+        raise DistEnvError(preflight.unreachable(m, None, False, f"torch said: {text[:200]}")) from None
+    preflight.meet_on(store, m, start)
     return store
 
 
@@ -400,4 +366,5 @@ def device() -> Any:
     return torch.device("cpu") if index is None else torch.device("cuda", index)
 
 
-__all__ = ["init_process_group", "destroy_process_group", "device", "RendezvousError", "DEFAULT_RENDEZVOUS_TIMEOUT"]
+__all__ = ["init_process_group", "destroy_process_group", "device", "pin", "Pin", "meeting",
+           "RendezvousError", "DEFAULT_RENDEZVOUS_TIMEOUT"]

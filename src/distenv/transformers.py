@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .description import PER_NODE, DistEnv
+from .description import DistEnv
 from .errors import DistEnvError, install_excepthook
 from .log import get_logger
 
@@ -49,43 +49,31 @@ _ARGV_FORMS = ("--local_rank", "--local-rank")
 def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrides: Any) -> DistEnv:
     """Make Transformers and Accelerate see the resolved launch before their state is built.
 
-    1. ``distenv.resolve(**overrides)``; a per-node launch (workers not started yet) is a
-       `DistEnvError`: the Trainer runs one process per worker.
+    1. The launch is brought up (`distenv.bringup.bring_up`, with `overrides`): a per-node
+       launch (workers not started yet) is a `DistEnvError` (the Trainer runs one process per
+       worker); in a distributed launch, what the variables leave unknown comes from the
+       launcher's service, the torch variables are exported to ``os.environ``
+       (`DistEnv.export`, `overwrite` as there), and the process group's orderly end at exit
+       is registered.
     2. The ``--local_rank`` / ``--local-rank`` forms in `argv` (default ``sys.argv``), as
        ``--local_rank=N`` or ``--local_rank N``, are checked against the launch: an empty or
        ``-1`` value (``--local_rank=$LOCAL_RANK`` with the variable unset) is replaced by the
        resolved local rank in place; a contradicting value is a `DistEnvError`.
-    3. For a distributed launch, the torch variables are exported to ``os.environ``
-       (`DistEnv.export`, `overwrite` as there); ACCELERATE_USE_CPU=true is set when
-       Accelerate would find no accelerator to be distributed on (so ``use_cpu=True`` is
-       not needed).
+    3. ACCELERATE_USE_CPU=true is set when Accelerate would find no accelerator to be
+       distributed on (so ``use_cpu=True`` is not needed).
     4. `accelerate.state.PartialState` is hooked (once): see the module docstring. A state
        built before this call that does not describe the launch is a `DistEnvError` now.
 
     Returns the resolved `DistEnv`. Calling it again re-checks and changes nothing more.
     """
     global _env
-    from .resolver import resolve
+    from .bringup import DISTRIBUTED, bring_up
 
-    env = resolve(**overrides)
-    if env.launch == PER_NODE:
-        raise DistEnvError(
-            f"this process is one per node ({env.launcher}, node_rank={env.node_rank}) and "
-            f"{env.nproc_per_node} worker(s) per node are wanted, but the Trainer runs one "
-            "process per worker. Fix: start the workers with torchrun or `accelerate launch`, "
-            "or launch one process per GPU (unset DISTENV_NPROC_PER_NODE)."
-        )
-    if env.is_distributed:  # MPICH/Intel MPI across nodes: the launcher's key-value service
-        from .discovery import complete
-
-        env = complete(env, need=("master_addr", "world_size"))
+    # Accelerate never ends its process group: bring_up registers an orderly end at exit
+    # (distenv._teardown) in a distributed launch, where it also exports the torch variables.
+    env = bring_up("transformers", overrides=overrides, export=DISTRIBUTED, overwrite=overwrite,
+                   teardown=DISTRIBUTED)
     fix_local_rank_argv(env, sys.argv if argv is None else argv)
-    if env.is_distributed:
-        env.export(os.environ, overwrite=overwrite)
-        from . import _teardown
-
-        # Accelerate never ends its process group: an orderly end at exit (see distenv._teardown).
-        _teardown.register()
     _env = env
     state_cls = _accelerate_partial_state()
     if state_cls is not None:

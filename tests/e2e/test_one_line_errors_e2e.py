@@ -83,3 +83,41 @@ def test_DISTENV_AUTO_at_interpreter_start():
 def test_distenv_run():
     py = torch_python()
     error_lines(mpirun(py, "-m", "distenv", "run", "--", py, "-c", "print('script ran')"))
+
+
+MISSING = ("import os, sys\n"
+           "if os.environ['PMI_RANK'] == '2':\n"
+           "    sys.exit(0)  # this rank never reaches the pre-flight\n"
+           "import distenv.torch\n"
+           "distenv.torch.init_process_group()\n"
+           "print('joined')\n")
+
+
+def test_a_missing_rank_under_mpich_is_one_line_per_rank():
+    """Issue 29: a missing rank ended every rank that came with a RendezvousError traceback.
+    MPICH (Hydra: a rank that exits does not stop the others), 3 ranks, rank 2 leaves before
+    the pre-flight: ranks 0 and 1 each end with one `distenv: error:` line naming it, in one
+    wording, after DISTENV_TIMEOUT, exit status 2, no traceback."""
+    if not os.access(harness.MPICH4, os.X_OK):
+        require(f"MPICH is not installed ({harness.MPICH4}): integrations/mpich/install.sh")
+    import socket
+
+    with socket.socket() as s:  # MPICH reveals no job id: a port of this job's own
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = harness.clean_env({"OMP_NUM_THREADS": "1", "DISTENV_AUTO": "0", "DISTENV_TIMEOUT": "5",
+                             "MASTER_PORT": str(port)})
+    env.pop("DISTENV_TRACEBACK", None)
+    env.pop("DISTENV_LOG_LEVEL", None)
+    cmd = ["timeout", "-k", "5", "240", harness.MPICH4, "-np", "3", torch_python(), "-c", MISSING]
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=250)
+    text = p.stdout + p.stderr
+    assert p.returncode not in (0, 124, 137), (p.returncode, text[-3000:])
+    assert "Traceback" not in text and "joined" not in p.stdout, text[-3000:]
+    lines = [line for line in text.splitlines() if "distenv: error:" in line]
+    assert len(lines) == 2, text[-3000:]  # ranks 0 and 1, one line each
+    for line in lines:
+        assert line.startswith("distenv: error: distenv.torch: rank(s) 2 of 3 never came to the "
+                               "pre-flight within 5 s (rank 0's store at 127.0.0.1:"), line
+        assert "Fix: start every rank" in line, line
+    assert sum("heard from 2 of 3" in line for line in lines) == 1  # rank 0's own

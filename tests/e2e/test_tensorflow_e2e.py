@@ -125,7 +125,8 @@ def test_one_worker_of_two_fails_clearly_within_the_timeout(request, tf_python):
     elapsed = time.monotonic() - t0
     text = p.stdout + p.stderr
     assert p.returncode not in (0, 124, 137), f"exit {p.returncode} after {elapsed:.0f} s\n{text[-3000:]}"
-    assert f"after {wait} s, worker 0 of 2 has not met worker 1 (127.0.0.1:" in text, text[-3000:]
+    assert f"distenv: error: distenv.tensorflow: worker(s) 1 of 2 never came to the pre-flight within " \
+           f"{wait} s (worker 0 at 127.0.0.1:" in text, text[-3000:]
     assert "distenv: error: " in text and "DISTENV_TIMEOUT" in text and "Traceback" not in text
     # The rendezvous's own time, from the rank (not mpirun's start nor TensorFlow's import): it
     # waited out DISTENV_TIMEOUT, and no longer.

@@ -165,7 +165,8 @@ def test_per_node_launch_is_refused(monkeypatch, fake_deepspeed, no_gpus):
     for k, v in slurm_task(1, 2, 0, 1, 2, "n[1-2]", "1(x2)", SLURM_JOB_NUM_NODES="2",
                             SLURM_TASKS_PER_NODE="1(x2)", DISTENV_NPROC_PER_NODE="4").items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(DistEnvError, match="one per node"):
+    with pytest.raises(DistEnvError, match="per-node launch.*DeepSpeed runs one process per "
+                                           "worker.*the `deepspeed` launcher"):
         dsa.init_distributed()
 
 

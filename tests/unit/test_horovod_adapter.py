@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import types
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -12,24 +13,24 @@ import pytest
 
 import distenv
 import distenv.horovod as dh
-from distenv import DistEnvError, ports
+from distenv import DistEnvError, ports, preflight
 from envs import hydra_rank, platform, recorded, torchrun
 
 
 def test_mpirun_uses_the_mpi_controller():
     p = dh.plan(recorded("openmpi4-np2", 1))
-    assert p["controller"] == "mpi" and p["server"] is False
+    assert p.controller == "mpi" and p.server is False
 
 
 def test_single_process_needs_nothing():
-    assert dh.plan({})["controller"] == "single"
+    assert dh.plan({}).controller == "single"
 
 
 def test_horovodrun_is_left_alone():
     env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
            "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
     p = dh.plan(env)
-    assert p["controller"] == "horovodrun" and p["environ"] == {}
+    assert p.controller == "horovodrun" and p.environ == {}
 
 
 def test_the_controller_follows_what_the_source_declares(monkeypatch):
@@ -40,21 +41,21 @@ def test_the_controller_follows_what_the_source_declares(monkeypatch):
     ompi, hvdrun = source_of("openmpi"), source_of("horovodrun")
     assert ompi.mpi_controller == ("horovod",) and hvdrun.family == "horovod"
     monkeypatch.setattr(ompi, "mpi_controller", ())
-    assert dh.plan(recorded("openmpi4-np2", 1))["controller"] == "gloo"
+    assert dh.plan(recorded("openmpi4-np2", 1)).controller == "gloo"
     monkeypatch.setattr(source_of("torchrun"), "mpi_controller", ("horovod",))
-    assert dh.plan(torchrun(1))["controller"] == "mpi"
+    assert dh.plan(torchrun(1)).controller == "mpi"
     monkeypatch.setattr(hvdrun, "family", "other")
     env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
            "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
-    assert dh.plan(env)["controller"] != "horovodrun"
+    assert dh.plan(env).controller != "horovodrun"
 
 
 def test_torchrun_gets_a_gloo_self_rendezvous():
     p0, p1 = dh.plan(torchrun(0)), dh.plan(torchrun(1))
-    assert p0["controller"] == p1["controller"] == "gloo"
-    assert p0["server"] and not p1["server"]
-    assert p0["address"] == p1["address"] and p0["address"][0] == "127.0.0.1"
-    e = p1["environ"]
+    assert p0.controller == p1.controller == "gloo"
+    assert p0.server and not p1.server
+    assert p0.address == p1.address and p0.address[0] == "127.0.0.1"
+    e = p1.environ
     assert e["HOROVOD_RANK"] == "1" and e["HOROVOD_SIZE"] == "2"
     assert e["HOROVOD_LOCAL_RANK"] == "1" and e["HOROVOD_LOCAL_SIZE"] == "2"
     assert e["HOROVOD_CROSS_RANK"] == "0" and e["HOROVOD_CROSS_SIZE"] == "1"
@@ -66,7 +67,7 @@ def test_torchrun_gets_a_gloo_self_rendezvous():
 
 def test_torchrun_two_nodes():
     p = dh.plan(torchrun(3, nodes=2, addr="node1"))
-    e = p["environ"]
+    e = p.environ
     assert e["HOROVOD_CROSS_RANK"] == "1" and e["HOROVOD_CROSS_SIZE"] == "2"
     assert e["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "node1"
     assert e["HOROVOD_HOSTNAME"] == "distenv-node1"
@@ -75,20 +76,20 @@ def test_torchrun_two_nodes():
 def test_srun_without_mpi_uses_gloo_with_slurm_hosts():
     env = recorded("slurm-srun-n4", 2)
     p = dh.plan(env)
-    assert p["controller"] == "gloo" and p["environ"]["HOROVOD_RANK"] == "2"
-    assert p["environ"]["HOROVOD_HOSTNAME"] == env["SLURM_STEP_NODELIST"]
+    assert p.controller == "gloo" and p.environ["HOROVOD_RANK"] == "2"
+    assert p.environ["HOROVOD_HOSTNAME"] == env["SLURM_STEP_NODELIST"]
 
 
 def test_ports_differ_between_jobs():
-    a = dh.plan(recorded("slurm-srun-n4", 0))["address"]
+    a = dh.plan(recorded("slurm-srun-n4", 0)).address
     env = {**recorded("slurm-srun-n4", 0), "SLURM_JOB_ID": "999999"}
-    assert dh.plan(env)["address"] != a
-    assert dh.plan({**env, "DISTENV_HOROVOD_PORT": "31234"})["address"][1] == 31234
+    assert dh.plan(env).address != a
+    assert dh.plan({**env, "DISTENV_HOROVOD_PORT": "31234"}).address[1] == 31234
 
 
 def test_controller_can_be_forced():
-    assert dh.plan(recorded("openmpi4-np2", 0), controller="gloo")["controller"] == "gloo"
-    assert dh.plan({**torchrun(0), "DISTENV_HOROVOD_CONTROLLER": "mpi"})["controller"] == "mpi"
+    assert dh.plan(recorded("openmpi4-np2", 0), controller="gloo").controller == "gloo"
+    assert dh.plan({**torchrun(0), "DISTENV_HOROVOD_CONTROLLER": "mpi"}).controller == "mpi"
     with pytest.raises(DistEnvError, match="DISTENV_HOROVOD_CONTROLLER"):
         dh.plan({**torchrun(0), "DISTENV_HOROVOD_CONTROLLER": "nccl"})
 
@@ -147,8 +148,9 @@ def test_waiting_for_a_missing_rank_zero_names_it():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         d = distenv.resolve(torchrun(1))
-        with pytest.raises(DistEnvError, match=f"127.0.0.1:{port}.*did not answer within 1 s"):
-            dh._wait_for("127.0.0.1", port, 1.0, d)
+        with pytest.raises(DistEnvError, match=f"distenv.horovod: rank 1 of 2 could not reach rank 0 "
+                                               f"at 127.0.0.1:{port} .*within 1 s"):
+            preflight.meet(dh.meeting(d, "127.0.0.1", 1.0, port))
 
 
 @pytest.fixture
@@ -190,6 +192,8 @@ def fake_horovod(monkeypatch):
     for var in list(os.environ):  # a stale variable (another test's export) must not leak in
         if var in launcher_vars or var.startswith(prefixes):
             monkeypatch.delenv(var)
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # init() writes it (torch's pin): undone after
+    monkeypatch.delenv("OMP_NUM_THREADS")
     yield hvd, fake_torch
     server = dh._server.pop("httpd", None)
     if server is not None:
@@ -205,7 +209,12 @@ def test_init_under_torchrun_starts_the_rendezvous_on_rank_zero(fake_horovod, mo
     env = torchrun(0)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    # rank 1, in a thread: its pre-flight (rank 0 meets every rank before hvd.init())
+    other = threading.Thread(target=preflight.meet, args=(
+        dh.meeting(distenv.resolve(torchrun(1)), "127.0.0.1", 10),))
+    other.start()
     mod = dh.init("torch", timeout=10)
+    other.join(10)
     assert mod is sys.modules["horovod.torch"] and hvd.inits == 1
     assert os.environ["HOROVOD_CONTROLLER"] == "gloo" and os.environ["HOROVOD_SIZE"] == "2"
     port = int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])

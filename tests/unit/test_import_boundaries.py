@@ -39,6 +39,8 @@ SHARED = (
     "distenv.gpus",                  # visible GPUs
     "distenv.log",                   # the distenv logger
     "distenv._teardown",             # an orderly end of a process group at exit
+    "distenv.bringup",               # the one way up: resolve, refuse, complete, export, teardown
+    "distenv.preflight",             # the one pre-flight: meet every rank, name the missing ones
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
     "distenv.sources",               # what a launch's source declares (source_of, family, ...)
     "distenv.sources.slurm",         # SLURM's task layout, re-exported as distenv.tensorflow.slurm_task_nodes
@@ -235,6 +237,7 @@ def test_adapters_branch_on_declarations_not_launcher_names(adapter):
 #: Adapters built on another adapter, with why: the only imports between adapters.
 ADAPTER_BASES = {
     "distenv.keras": ("distenv.jax", "distenv.tensorflow"),  # Keras 3 runs on its backend's set-up
+    "distenv.horovod": ("distenv.torch",),  # horovod.torch pins its process as torch's does (pin)
 }
 
 

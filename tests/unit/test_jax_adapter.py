@@ -45,10 +45,10 @@ def host_of(address: str) -> str:
                                        ("torchrun-nproc2", 2), ("slurm-srun-n4", 4)])
 def test_every_rank_agrees_on_one_coordinator(name, size):
     plans = [dj.plan(recorded(name, r)) for r in range(size)]
-    assert [p["process_id"] for p in plans] == list(range(size))
-    assert {p["num_processes"] for p in plans} == {size}
-    assert len({p["coordinator_address"] for p in plans}) == 1, [p["coordinator_address"] for p in plans]
-    assert all(p["local_device_ids"] == [] and p["cpu_devices"] is None for p in plans)
+    assert [p.process_id for p in plans] == list(range(size))
+    assert {p.num_processes for p in plans} == {size}
+    assert len({p.coordinator_address for p in plans}) == 1, [p.coordinator_address for p in plans]
+    assert all(p.local_device_ids == [] and p.cpu_devices is None for p in plans)
 
 
 @pytest.mark.parametrize("fixture,count,index,host", [
@@ -64,8 +64,8 @@ def test_every_rank_agrees_on_one_coordinator(name, size):
 ])
 def test_launchers_jax_does_not_detect(fixture, count, index, host):
     p = dj.plan(platform(fixture[:-5]))
-    assert (p["num_processes"], p["process_id"]) == (count, index)
-    assert host_of(p["coordinator_address"]) == host
+    assert (p.num_processes, p.process_id) == (count, index)
+    assert host_of(p.coordinator_address) == host
 
 
 @pytest.mark.parametrize("fixture,nodes,node,host,nproc", [
@@ -77,16 +77,16 @@ def test_per_node_launch_one_process_per_node_owning_its_devices(fake_gpus, fixt
                                                                  host, nproc):
     env = platform(fixture)
     p = dj.plan(env)
-    assert p["env"].launch == distenv.PER_NODE
-    assert (p["num_processes"], p["process_id"]) == (nodes, node)
-    assert host_of(p["coordinator_address"]) == host
+    assert p.env.launch == distenv.PER_NODE
+    assert (p.num_processes, p.process_id) == (nodes, node)
+    assert host_of(p.coordinator_address) == host
     # CPU-only node: one XLA CPU device per worker the launch asked for
-    assert p["local_device_ids"] == [] and p["cpu_devices"] == p["env"].nproc_per_node == nproc
+    assert p.local_device_ids == [] and p.cpu_devices == p.env.nproc_per_node == nproc
     # GPU node: all of them, none narrowed
     fake_gpus(4)
     g = dj.plan(env)
-    assert g["local_device_ids"] == [0, 1, 2, 3] and g["cuda_visible_devices"] is None
-    assert g["cpu_devices"] is None
+    assert g.local_device_ids == [0, 1, 2, 3] and g.cuda_visible_devices is None
+    assert g.cpu_devices is None
 
 
 def test_coordinator_port_is_the_cores_rule_not_the_master_port():
@@ -95,7 +95,7 @@ def test_coordinator_port_is_the_cores_rule_not_the_master_port():
     port, why = dj.coordinator_port(d, env)
     assert port != d.master_port and ports.BASE <= port < ports.BASE + ports.SPAN
     assert "distenv.ports" in why
-    assert dj.plan(env)["coordinator_address"] == f"{d.master_addr}:{port}"
+    assert dj.plan(env).coordinator_address == f"{d.master_addr}:{port}"
     # another job (another master port) gets another port; the same job the same one
     other = distenv.resolve({**env, "MASTER_PORT": str(d.master_port + 1)})
     assert dj.coordinator_port(other, env)[0] != port
@@ -111,11 +111,11 @@ def test_explicit_arguments_win():
     env = recorded("openmpi4-np2", 1)
     p = dj.plan(env, coordinator_address="10.1.2.3:999", num_processes=4, process_id=3,
                 local_device_ids=[2], timeout=7)
-    assert (p["coordinator_address"], p["num_processes"], p["process_id"]) == ("10.1.2.3:999", 4, 3)
-    assert p["local_device_ids"] == [2] and p["timeout"] == 7.0
-    assert p["why"]["coordinator_address"] == "given" and p["why"]["timeout"] == "given"
+    assert (p.coordinator_address, p.num_processes, p.process_id) == ("10.1.2.3:999", 4, 3)
+    assert p.local_device_ids == [2] and p.timeout == 7.0
+    assert p.why["coordinator_address"] == "given" and p.why["timeout"] == "given"
     q = dj.plan({**env, "JAX_COORDINATOR_ADDRESS": "h:1", "JAX_LOCAL_DEVICE_IDS": "0,1"})
-    assert q["coordinator_address"] == "h:1" and q["local_device_ids"] == [0, 1]
+    assert q.coordinator_address == "h:1" and q.local_device_ids == [0, 1]
     with pytest.raises(DistEnvError, match="process_id=5"):
         dj.plan(env, num_processes=2, process_id=5)
 
@@ -128,7 +128,7 @@ def test_unknown_coordinator_or_count_names_the_fix():
         dj.plan(recorded("mpich4-np2-pmi-port", 1))
     # MASTER_ADDR given: fine
     env = {**recorded("cluster-mpich4-2x2", 1), "MASTER_ADDR": "node1"}
-    assert host_of(dj.plan(env)["coordinator_address"]) == "node1"
+    assert host_of(dj.plan(env).coordinator_address) == "node1"
 
 
 def test_discovery_completes_an_unknown_master(monkeypatch):
@@ -143,7 +143,7 @@ def test_discovery_completes_an_unknown_master(monkeypatch):
 
     monkeypatch.setattr(distenv.discovery, "complete", complete, raising=False)
     env = {**recorded("cluster-mpich4-2x2", 1), "DISTENV_TIMEOUT": "9"}
-    assert host_of(dj.plan(env, discover=True)["coordinator_address"]) == "node1"
+    assert host_of(dj.plan(env, discover=True).coordinator_address) == "node1"
     assert asked == [(("master_addr", "world_size"), 9.0)]
     dj.plan(recorded("mpich4-np4", 1), discover=True)  # everything known: no exchange
     assert len(asked) == 1
@@ -151,8 +151,8 @@ def test_discovery_completes_an_unknown_master(monkeypatch):
 
 def test_single_process():
     p = dj.plan({})
-    assert (p["num_processes"], p["process_id"]) == (1, 0)
-    assert p["coordinator_address"].startswith("127.0.0.1:")
+    assert (p.num_processes, p.process_id) == (1, 0)
+    assert p.coordinator_address.startswith("127.0.0.1:")
 
 
 # -- devices ---------------------------------------------------------------------------------
@@ -166,20 +166,20 @@ def _mpi(rank, size=2, local=None, lsize=None, **more):
 def test_one_gpu_per_process_narrowed():
     env = _mpi(1, CUDA_VISIBLE_DEVICES="4,5")
     p = dj.device_plan(distenv.resolve(env), env, torch_imported=False)
-    assert p["cuda_visible_devices"] == "5" and p["local_device_ids"] == [0]
+    assert p.cuda_visible_devices == "5" and p.local_device_ids == [0]
     # torch here may have initialised CUDA: JAX's own selection instead of the variable
     q = dj.device_plan(distenv.resolve(env), env, torch_imported=True)
-    assert q["cuda_visible_devices"] is None and q["local_device_ids"] == [1]
+    assert q.cuda_visible_devices is None and q.local_device_ids == [1]
     # the narrowed slice, seen again: left as it is
     again = {**env, "CUDA_VISIBLE_DEVICES": "5", dj.GPU_SLICE_VAR: "5"}
     r = dj.device_plan(distenv.resolve(again), again, torch_imported=False)
-    assert r["cuda_visible_devices"] is None and r["local_device_ids"] == [0]
+    assert r.cuda_visible_devices is None and r.local_device_ids == [0]
 
 
 def test_scheduler_narrowed_gpu_and_too_few_gpus(fake_gpus):
     env = _mpi(1, CUDA_VISIBLE_DEVICES="3")  # srun --gpus-per-task: one each
     p = dj.device_plan(distenv.resolve(env), env, torch_imported=False)
-    assert p["cuda_visible_devices"] is None and p["local_device_ids"] == [0]
+    assert p.cuda_visible_devices is None and p.local_device_ids == [0]
     crowded = _mpi(1, size=4, local=1, lsize=4)  # 4 processes, 2 GPUs, nothing narrowed
     fake_gpus(2)
     with pytest.raises(DistEnvError, match="JAX_PLATFORMS=cpu"):
@@ -189,8 +189,8 @@ def test_scheduler_narrowed_gpu_and_too_few_gpus(fake_gpus):
 def test_cpu_devices_left_to_the_user():
     env = {**platform("sagemaker_no_launcher_2hosts_host2"),
            "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    assert dj.plan(env)["cpu_devices"] is None
-    assert dj.plan({**env, "XLA_FLAGS": "", "JAX_NUM_CPU_DEVICES": "3"})["cpu_devices"] is None
+    assert dj.plan(env).cpu_devices is None
+    assert dj.plan({**env, "XLA_FLAGS": "", "JAX_NUM_CPU_DEVICES": "3"}).cpu_devices is None
 
 
 def test_timeouts():
@@ -259,17 +259,22 @@ def test_preflight_missing_process_is_named_everywhere_within_the_timeout():
     out, address = _meet(4, [0, 1, 3], 2.0)
     took = time.monotonic() - t0
     assert 1.9 < took < 10, took
-    assert isinstance(out[0], DistEnvError) and "not heard from process(es) 2 " in str(out[0])
-    assert address in str(out[0]) and "3 of 4 came" in str(out[0])
+    assert isinstance(out[0], DistEnvError), out
+    assert str(out[0]).startswith("distenv.jax: process(es) 2 of 4 never came to the pre-flight "
+                                  f"within 2 s (process 0 at {address} heard from 3 of 4, on ")
+    assert "crashed before jax.distributed.initialize" in str(out[0])
     for i in (1, 3):
         assert isinstance(out[i], DistEnvError), out
-        assert "process(es) 2 never came within 2 s" in str(out[i])
+        assert str(out[i]).startswith("distenv.jax: process(es) 2 of 4 never came to the pre-flight "
+                                      f"within 2 s (process 0 at {address} says so)"), out[i]
+        assert str(out[i]).split(" (process 0")[0] == str(out[0]).split(" (process 0")[0]  # one wording
 
 
 def test_preflight_without_process_0_names_the_address():
     out, address = _meet(2, [1], 1.5)
     assert isinstance(out[1], DistEnvError)
-    assert f"could not reach the coordinator (process 0) at {address} within 2 s" in str(out[1])
+    assert f"process 1 of 2 could not reach process 0 at {address} within 2 s" in str(out[1])
+    assert "JAX_COORDINATOR_ADDRESS" in str(out[1]).split("Fix:")[1]
 
 
 def test_preflight_ignores_strangers_and_other_jobs():
@@ -278,11 +283,15 @@ def test_preflight_ignores_strangers_and_other_jobs():
     result = {}
     t = threading.Thread(target=lambda: result.setdefault(0, _catch(dj.preflight, address, 2, 0, 5)))
     t.start()
-    for junk in (b"GET / HTTP/1.0\n", b"distenv-jax 123 1 other-job\n"):  # not this job's key
+    silent = _connect_when_listening(port)  # a connection that never says anything
+    for junk in (b"GET / HTTP/1.0\n", b"distenv-preflight/1 0123456789abcdef0123 1 other-job 7\n"):
         with _connect_when_listening(port) as c:  # process 0 is listening (not a guess)
             c.sendall(junk)
+            answer = c.recv(64)
+        assert answer in (b"", b"other\n"), answer  # another job's hello: told so, not counted
     assert dj.preflight(address, 2, 1, 5) >= 0
     t.join(10)
+    silent.close()
     assert isinstance(result[0], float), result
 
 
@@ -298,7 +307,8 @@ def test_preflight_port_taken():
         s.bind(("", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        with pytest.raises(DistEnvError, match="cannot listen on the coordinator port"):
+        with pytest.raises(DistEnvError, match=f"process 0 cannot listen on port {port} for the "
+                                               "pre-flight .*DISTENV_PREFLIGHT_PORT"):
             dj.preflight(f"127.0.0.1:{port}", 2, 0, 1)
 
 
@@ -344,11 +354,19 @@ def test_patch_fills_what_the_caller_leaves_out(fake_jax, monkeypatch):
     fake_jax.module.distributed.initialize()
     (call,) = fake_jax.calls
     want = dj.plan()
-    assert call["coordinator_address"] == want["coordinator_address"]
+    assert call["coordinator_address"] == want.coordinator_address
     assert (call["num_processes"], call["process_id"], call["local_device_ids"]) == (4, 2, [])
     assert call["initialization_timeout"] == 15 and call["heartbeat_timeout_seconds"] == 15
     assert call["shutdown_timeout_seconds"] == 15 and call["cluster_detection_method"] is None
-    assert fake_jax.met == [(want["coordinator_address"], 4, 2, 15.0, want["why"]["coordinator_address"])]
+    # every process meets process 0 on its host, at the pre-flight's own port (not JAX's), with
+    # a key of the job
+    from distenv import preflight
+
+    host = want.coordinator_address.rpartition(":")[0]
+    met = f"{host}:{preflight.port(want.env, host)}"
+    assert met != want.coordinator_address
+    assert fake_jax.met == [(met, 4, 2, 15.0, want.why["coordinator_address"],
+                             preflight.identity(want.env, "jax", want.coordinator_address, 4))]
     assert fake_jax.updates == {"jax_cpu_collectives_implementation": "gloo"}
     # Keras passes its (explicit) arguments; they win, the rest is filled
     fake_jax.module.distributed.initialize(coordinator_address="h:5", num_processes=4, process_id=2,
@@ -366,7 +384,7 @@ def test_patch_fills_what_the_caller_leaves_out(fake_jax, monkeypatch):
 def test_initialize_single_process_does_not_start_the_runtime(fake_jax, monkeypatch):
     monkeypatch.setenv("DISTENV_LAUNCHER", "none")
     p = dj.initialize()
-    assert p["initialized"] is False and fake_jax.calls == [] and fake_jax.met == []
+    assert p.initialized is False and fake_jax.calls == [] and fake_jax.met == []
 
 
 def test_auto_hooks_jax():
@@ -381,7 +399,7 @@ def test_keras_initialize_args_come_from_the_jax_plan():
         for r in range(size):
             env = recorded(name, r)
             p = dj.plan(env)
-            assert dk.initialize_args(env) == {"job_addresses": p["coordinator_address"],
+            assert dk.initialize_args(env) == {"job_addresses": p.coordinator_address,
                                                "num_processes": size, "process_id": r}
 
 
@@ -434,8 +452,8 @@ import json, distenv.jax, jax
 p = distenv.jax.initialize()
 distenv.jax.patch()
 sig = jax.distributed.initialize.__wrapped__ is not None
-print(json.dumps({"initialized": p["initialized"], "devices": jax.device_count(),
-                  "cpu": p["cpu_devices"], "gloo": jax.config.jax_cpu_collectives_implementation}))
+print(json.dumps({"initialized": p.initialized, "devices": jax.device_count(),
+                  "cpu": p.cpu_devices, "gloo": jax.config.jax_cpu_collectives_implementation}))
 """
     env = {**slurm(0, nodelist="localhost", tasks="1", job="5", ntasks=1, nnodes=1),
            "DISTENV_NPROC_PER_NODE": "2", "JAX_PLATFORMS": "cpu", "DISTENV_AUTO": "0"}

@@ -88,5 +88,35 @@ def test_no_torch_no_work_and_a_guard_when_it_comes(monkeypatch, tmp_path):
         sys.modules.pop(name, None)
 
 
+def test_two_wrapping_hooks_chain_without_recursing(monkeypatch, tmp_path):
+    """distenv.auto's one-process finder and the guard's finder both wrap torch.distributed's
+    loader by asking the other finders for its spec: with both on sys.meta_path each asked the
+    other without end (RecursionError at ``import torch``). Now both wrap, in turn."""
+    import distenv.auto
+
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(_teardown, "quiesce", lambda limit=0: True)
+    monkeypatch.setattr(distenv.auto, "single", None)
+    sys.meta_path.insert(0, distenv.auto._OneProcessFinder())
+    _teardown.guard()  # its finder goes first
+    pkg = tmp_path / "torch"
+    (pkg / "distributed").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "distributed" / "__init__.py").write_text(
+        "def destroy_process_group(group=None):\n    return 'own'\n"
+        "def init_process_group(*a, **k):\n    return 'init'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torch", "torch.distributed"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import torch.distributed as dist
+
+    assert dist.destroy_process_group.__distenv_guarded__  # the guard's wrap
+    assert dist.init_process_group._distenv_one_process  # auto's wrap
+    assert dist.init_process_group() == "init" and dist.destroy_process_group() == "own"
+    for name in ("torch", "torch.distributed"):
+        sys.modules.pop(name, None)
+
+
 def test_quiesce_without_workers_returns_at_once():
     assert _teardown.quiesce(0.5) is True

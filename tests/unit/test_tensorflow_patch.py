@@ -165,7 +165,9 @@ def test_the_fixes_follow_what_the_source_declares(no_gpus, monkeypatch):
     assert source_of("no-such-launcher").tf_cluster == ""  # an unknown name declares nothing
 
 
-def test_each_local_process_gets_its_gpus(fake_gpus):
+def test_each_local_process_gets_its_gpus(fake_gpus, monkeypatch):
+    # A TensorFlow job's process: no torch imported (an earlier test of the session may have).
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     fake_gpus(4)
     env = recorded("openmpi4-np2", 1)
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -174,7 +176,7 @@ def test_each_local_process_gets_its_gpus(fake_gpus):
     assert json.loads(env["TF_CONFIG"])["task"]["index"] == 1
     # Narrowed once: a second look (patch again, or strategy() after it) keeps the slice.
     assert dtf.patch_environ(env)["written"] == {} and env["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert dtf.plan(env)["cuda_visible_devices"] is None
+    assert dtf.plan(env).cuda_visible_devices is None
 
 
 def test_gpus_shared_by_processes_is_a_problem(fake_gpus):
@@ -357,5 +359,6 @@ def test_keras3_refused_at_the_strategy_and_the_opt_in_reaches_the_rendezvous():
     assert r["keras3"].startswith("DistEnvError: Keras 3 with MultiWorkerMirroredStrategy")
     assert "TF_USE_LEGACY_KERAS=1" in r["keras3"] and "DISTENV_ALLOW_KERAS3=1" in r["keras3"]
     assert "allow_keras3=True" not in r["keras3"]
-    assert r["opt_in"].startswith("DistEnvError: TensorFlow pre-flight: after 2 s, worker 0 of 2 has not met worker 1")
+    assert r["opt_in"].startswith("DistEnvError: distenv.tensorflow: worker(s) 1 of 2 never came to "
+                                  "the pre-flight within 2 s (worker 0 at ")
     assert r["took"] < 30

@@ -153,15 +153,11 @@ def _assemble(d: DistEnv, src: "Mapping[str, str]", hosts: "Sequence[str]", base
         slot.append(seen.get(host, 0))
         seen[host] = slot[-1] + 1
     base = knobs.side_port(d, "tf", src, "DISTENV_TF_PORT", base_port, width=max(seen.values()))
-    workers = [f"{_bracket(h)}:{base + k}" for h, k in zip(hosts, slot)]
+    workers = [knobs.address(h, base + k) for h, k in zip(hosts, slot)]
     index = d.node_rank if d.launch == PER_NODE else d.rank
     if index is None:
         raise DistEnvError(_missing(d, "this process's node index"))
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def training_workers(config: "dict[str, Any]") -> "list[str]":

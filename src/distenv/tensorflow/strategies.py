@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 
 from ..description import PER_NODE
 from ..errors import DistEnvError
@@ -34,14 +35,29 @@ def _hooks() -> "ModuleType":
     return sys.modules[__package__]
 
 
-def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
-         environ: "Mapping[str, str] | None" = None, **tf_config_kwargs: "Any") -> "dict[str, Any]":
-    """What `strategy()` would do here, without importing TensorFlow.
+@dataclass(frozen=True)
+class Plan:
+    """What `strategy()` does here: `kind` ("default", "mirrored", "multi_worker",
+    "parameter_server"), the cluster (`tf_config`, None for a single worker; `workers`, the
+    training workers' host:port, chief first; `index`, this one's, None for a parameter server
+    or an evaluator), `communication` ("NCCL", "RING", None), this process's GPUs
+    (`cuda_visible_devices`, None: left alone; `cuda_why`) and its (intra-op, inter-op)
+    `threads`."""
 
-    ``{"kind": "default"|"mirrored"|"multi_worker"|"parameter_server", "tf_config",
-    "workers", "index", "communication": "NCCL"|"RING"|None, "cuda_visible_devices",
-    "threads"}``.
-    """
+    env: "DistEnv"
+    kind: str
+    cuda_visible_devices: "str | None"
+    cuda_why: str
+    threads: "tuple[int, int]"
+    tf_config: "dict[str, Any] | None" = None
+    workers: "list[str]" = field(default_factory=list)
+    index: "int | None" = 0
+    communication: "str | None" = None
+
+
+def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
+         environ: "Mapping[str, str] | None" = None, **tf_config_kwargs: "Any") -> Plan:
+    """What `strategy()` would do here, without importing TensorFlow (`Plan`)."""
     d, src = resolved(env, environ)
     cuda, cuda_why = gpu_assignment(d, src)
     from ..gpus import visible_gpus
@@ -50,12 +66,9 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     single = not src.get("TF_CONFIG") and (
         (d.launch != PER_NODE and d.world_size == 1) or (d.launch == PER_NODE and d.num_nodes == 1)
     ) and not source_of(d.launcher).tf_cluster  # last: it loads the source modules
-    out: "dict[str, Any]" = {"env": d, "cuda_visible_devices": cuda, "cuda_why": cuda_why,
-                             "threads": thread_counts(d)}
+    threads = thread_counts(d)
     if single:
-        out.update(kind="mirrored" if gpus > 1 else "default", tf_config=None, workers=[],
-                   index=0, communication=None)
-        return out
+        return Plan(d, "mirrored" if gpus > 1 else "default", cuda, cuda_why, threads)
     config = tf_config(d, environ=src, **tf_config_kwargs)
     members = training_workers(config)
     if config["cluster"].get("ps"):
@@ -64,10 +77,8 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
         kind = "multi_worker"
     else:
         kind = "mirrored" if gpus > 1 else "default"
-    out.update(kind=kind, tf_config=config, workers=members, index=task_index(config),
-               communication=("NCCL" if gpus else "RING") if kind == "multi_worker" else None)
-    return out
-
+    return Plan(d, kind, cuda, cuda_why, threads, config, members, task_index(config),
+                ("NCCL" if gpus else "RING") if kind == "multi_worker" else None)
 
 
 _last: "dict[str, Any]" = {}
@@ -88,30 +99,30 @@ def strategy(env: "DistEnv | Mapping[str, str] | None" = None, *, communication:
     the strategy's constructor.
     """
     p = plan(env, hostfile=hostfile, gather=gather, base_port=base_port)
-    d, kind = p["env"], p["kind"]
+    d, kind = p.env, p.kind
     distributed = kind in ("multi_worker", "parameter_server")
     hooks = _hooks()
     initialised = hooks.tf_initialized()
-    cuda = p["cuda_visible_devices"]
+    cuda = p.cuda_visible_devices
     if cuda is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != cuda:
         if initialised:
             raise TooLateError(_too_late("give this process its own GPUs "
-                                         f"(CUDA_VISIBLE_DEVICES={cuda}: {p['cuda_why']})"))
+                                         f"(CUDA_VISIBLE_DEVICES={cuda}: {p.cuda_why})"))
         os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[GPU_SLICE_VAR] = cuda
     if distributed and initialised:
-        raise TooLateError(_too_late(f"join the {len(p['workers'])}-worker cluster"))
+        raise TooLateError(_too_late(f"join the {len(p.workers)}-worker cluster"))
     if kind == "multi_worker" and not allow_keras3:
         problem = hooks.keras_problem()
         if problem:
             raise DistEnvError(problem)
-    config = p["tf_config"]
+    config = p.tf_config
     if set_tf_config and config is not None:
         os.environ["TF_CONFIG"] = json.dumps(config)
 
     import tensorflow as tf
 
     if threads and not initialised:
-        intra, inter = p["threads"]
+        intra, inter = p.threads
         if tf.config.threading.get_intra_op_parallelism_threads() == 0:
             tf.config.threading.set_intra_op_parallelism_threads(intra)
         if tf.config.threading.get_inter_op_parallelism_threads() == 0:
@@ -121,18 +132,19 @@ def strategy(env: "DistEnv | Mapping[str, str] | None" = None, *, communication:
     elif kind == "mirrored":
         result = tf.distribute.MirroredStrategy(**kwargs)
     else:
+        assert config is not None  # a cluster of several workers
         task = config["task"]
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(config["cluster"]), task_type=task["type"],
             task_id=task.get("index", 0), rpc_layer="grpc",
             environment=config.get("environment", ""))
-        me = p["index"]
+        me = p.index
         if me is not None:
-            rendezvous(p["workers"], me, timeout)
+            rendezvous(p.workers, me, timeout, env=d)
         if kind == "parameter_server":
             result = _parameter_server(tf, resolver, task, **kwargs)
         else:
-            impl = {"auto": p["communication"], "ring": "RING", "nccl": "NCCL"}.get(
+            impl = {"auto": p.communication or "RING", "ring": "RING", "nccl": "NCCL"}.get(
                 communication.lower(), communication.upper())
             options = tf.distribute.experimental.CommunicationOptions(
                 implementation=getattr(tf.distribute.experimental.CommunicationImplementation, impl))
@@ -166,7 +178,7 @@ def is_chief(env: "DistEnv | Mapping[str, str] | None" = None) -> bool:
     """True on the worker that writes checkpoints and logs (chief, else worker 0)."""
     p = _last.get("plan")
     if p is not None and env is None:
-        config: "dict[str, Any] | None" = p["tf_config"]
+        config: "dict[str, Any] | None" = p.tf_config
     else:
         d, _ = resolved(env, None)
         try:

@@ -86,16 +86,16 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[st
         out["problem"] = (DistEnvError, str(exc), True)
         return out
     if d.launch != PER_NODE:
-        out["threads"] = p["threads"]
-    config = p["tf_config"]
+        out["threads"] = p.threads
+    config = p.tf_config
     out["tf_config"] = config
     if config is not None and not src.get("TF_CONFIG"):
         src["TF_CONFIG"] = out["written"]["TF_CONFIG"] = json.dumps(config)
-    cuda = p["cuda_visible_devices"]
+    cuda = p.cuda_visible_devices
     if cuda is not None and src.get("CUDA_VISIBLE_DEVICES") != cuda:
         if initialised:
             out["problem"] = (TooLateError, _too_late(
-                f"give this process its own GPUs (CUDA_VISIBLE_DEVICES={cuda}: {p['cuda_why']})",
+                f"give this process its own GPUs (CUDA_VISIBLE_DEVICES={cuda}: {p.cuda_why})",
                 "distenv.tensorflow.patch()", "import distenv.auto (or set DISTENV_AUTO=1) before "
                 "any TensorFlow call, or set CUDA_VISIBLE_DEVICES per process yourself"), False)
         elif "torch" in sys.modules:
@@ -105,13 +105,13 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[st
                 f"(narrowing it could move torch's GPUs), so this TensorFlow worker would use every "
                 f"GPU of the node beside the other {d.local_world_size - 1} process(es) there. Fix: "
                 f"import tensorflow before torch, or set CUDA_VISIBLE_DEVICES={cuda} for this "
-                f"process yourself ({p['cuda_why']})."), False)
+                f"process yourself ({p.cuda_why})."), False)
         else:
             for var in ("CUDA_VISIBLE_DEVICES", GPU_SLICE_VAR):
                 src[var] = out["written"][var] = cuda
-    if p["kind"] in ("multi_worker", "parameter_server") and initialised and out["problem"] is None:
+    if p.kind in ("multi_worker", "parameter_server") and initialised and out["problem"] is None:
         out["problem"] = (TooLateError, _too_late(
-            f"join the {len(p['workers'])}-worker cluster", "distenv.tensorflow.patch()",
+            f"join the {len(p.workers)}-worker cluster", "distenv.tensorflow.patch()",
             "import distenv.auto (or set DISTENV_AUTO=1) before any TensorFlow call"), False)
     return out
 

@@ -44,7 +44,7 @@ if sys.argv[1] == "distenv":
     import distenv.jax
 
     plan = distenv.jax.initialize()
-    how = plan.get("jax_cluster")
+    how = plan.jax_cluster
 else:
     jax.distributed.initialize()
     how = None

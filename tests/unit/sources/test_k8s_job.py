@@ -45,9 +45,9 @@ def test_a_jobset_of_two_jobs_gives_four_distinct_global_process_indexes(fake_gp
         ("distenv-ddp-workers-0-0.distenv-ddp", described[0].master_port)}
     # distenv.jax: one JAX process per pod (a per-node launch), numbered across the JobSet.
     plans = [distenv.jax.plan(d, environ=e) for d, e in zip(described, envs)]
-    assert [p["process_id"] for p in plans] == [0, 1, 2, 3]
-    assert {p["num_processes"] for p in plans} == {4}
-    assert {p["coordinator_address"].rsplit(":", 1)[0] for p in plans} == {
+    assert [p.process_id for p in plans] == [0, 1, 2, 3]
+    assert {p.num_processes for p in plans} == {4}
+    assert {p.coordinator_address.rsplit(":", 1)[0] for p in plans} == {
         "distenv-ddp-workers-0-0.distenv-ddp"}
 
 

@@ -1,0 +1,163 @@
+"""The one bring-up (`distenv.bringup`): resolve, refuse a per-node launch in one wording,
+complete what the framework needs from the launcher's service (only when it must, only for this
+process's own environment), export, register the teardown. Each adapter and tool calls it; the
+refusal reads alike in all of them."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import distenv
+import distenv.discovery
+from distenv import DistEnvError, bringup
+from envs import ompi, recorded
+
+PER_NODE = ompi(1, 2, 0, 1, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
+                OMPI_MCA_ess_base_jobid="77", OMPI_MCA_orte_hnp_uri="76.0;tcp://10.213.77.11:4000",
+                DISTENV_NPROC_PER_NODE="2")
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """distenv.discovery.complete stood in for: the calls it gets."""
+    calls = []
+
+    def complete(env, need=("master_addr",), timeout=None):
+        calls.append((tuple(need), timeout))
+        return env.replace(master_addr="node1")
+
+    monkeypatch.setattr(distenv.discovery, "complete", complete)
+    return calls
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    from distenv import _teardown
+
+    calls = []
+    monkeypatch.setattr(_teardown, "register", lambda: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("framework, runs, also", [
+    ("torch", "torch.distributed runs one process per worker", "DistenvEnvironment"),
+    ("transformers", "the Trainer runs one process per worker", "`accelerate launch`"),
+    ("deepspeed", "DeepSpeed runs one process per worker", "the `deepspeed` launcher"),
+    ("horovod", "Horovod runs one process per worker", "")])
+def test_one_refusal_for_every_framework(framework, runs, also):
+    env = distenv.resolve(PER_NODE)
+    with pytest.raises(DistEnvError) as err:
+        bringup.bring_up(framework, environ=PER_NODE)
+    text = str(err.value)
+    assert text == bringup.per_node_message(env, framework)
+    assert text.startswith("this process is node 1 of 2 of a per-node launch (")
+    assert f"it is not a training worker, and {runs}. Fix: start the 2 workers from it, e.g. " \
+           f"`torchrun --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 10.213.77.11 " \
+           f"--master-port {env.master_port} train.py`" in text
+    assert also in text and text.endswith("and unset DISTENV_NPROC_PER_NODE.") and "\n" not in text
+
+
+def test_the_adapters_refuse_in_those_words(monkeypatch, no_gpus):
+    import distenv.deepspeed
+    import distenv.horovod
+    import distenv.torch
+    import distenv.transformers
+
+    env = distenv.resolve(PER_NODE)
+    assert distenv.torch.per_node_message(env) == bringup.per_node_message(env, "torch")
+    with pytest.raises(DistEnvError) as err:
+        distenv.horovod.plan(PER_NODE)
+    assert str(err.value) == bringup.per_node_message(env, "horovod")
+    for key, value in PER_NODE.items():
+        monkeypatch.setenv(key, value)
+    for call, name in ((distenv.deepspeed.prepare, "deepspeed"),
+                       (distenv.transformers.patch, "transformers")):
+        with pytest.raises(DistEnvError) as err:
+            call()
+        assert str(err.value) == bringup.per_node_message(env, name)
+
+
+def test_a_per_node_launch_is_allowed_where_the_framework_starts_its_workers(asked, registered):
+    env = bringup.bring_up("lightning", environ=PER_NODE, per_node=bringup.ALLOW,
+                           export=bringup.NEVER, teardown=bringup.NEVER)
+    assert env.launch == distenv.PER_NODE and asked == [] and registered == []
+
+
+def test_needs():
+    d = distenv.resolve(recorded("openmpi4-np4", 1))
+    assert bringup.needs(d) == ("master_addr", "world_size")
+    assert bringup.needs(d, nodes=True) == ("master_addr", "world_size", "node_rank", "num_nodes")
+    assert bringup.needs(distenv.resolve(PER_NODE)) == ("master_addr", "node_rank", "num_nodes")
+
+
+def test_the_service_is_asked_only_for_what_is_unknown(asked):
+    known = distenv.resolve(recorded("mpich4-np4", 1))
+    assert bringup.completed(known) is known and asked == []  # nothing to ask
+    single = distenv.resolve({})
+    assert bringup.completed(single, nodes=True) is single and asked == []
+    across = distenv.resolve(recorded("cluster-mpich4-2x2", 1))  # Hydra: no head node
+    assert across.master_addr is None
+    assert bringup.completed(across, timeout=7.0).master_addr == "node1"
+    assert asked == [(("master_addr", "world_size"), 7.0)]
+
+
+def test_a_mapping_passed_in_is_not_completed_unless_asked(asked, registered):
+    environ = dict(recorded("cluster-mpich4-2x2", 1))
+    env = bringup.bring_up("x", environ=environ, export=bringup.NEVER)
+    assert env.master_addr is None and asked == []  # not this process's own launch
+    env = bringup.bring_up("x", environ=environ, complete=True, export=bringup.NEVER)
+    assert env.master_addr == "node1" and len(asked) == 1
+
+
+def test_export_and_teardown_policies(registered, monkeypatch):
+    launch = dict(recorded("openmpi4-np2", 1))
+    for policy, wrote in ((bringup.ALWAYS, True), (bringup.DISTRIBUTED, True), (bringup.NEVER, False)):
+        target = {}
+        bringup.bring_up("x", environ=dict(launch), target=target, export=policy, teardown=policy)
+        assert ("RANK" in target) is wrote and target.get("RANK") in (None, "1")
+    assert len(registered) == 2
+    registered.clear()
+    single = {}
+    bringup.bring_up("x", environ=single, export=bringup.DISTRIBUTED, teardown=bringup.DISTRIBUTED)
+    assert single == {} and registered == []
+    bringup.bring_up("x", environ=single, export=bringup.ALWAYS, teardown=bringup.ALWAYS)
+    assert single["RANK"] == "0" and registered == [1]
+    # the zero-code path writes torch's variables only where the launch's source lets torch act
+    from distenv import sources
+
+    monkeypatch.setattr(sources, "adapter_acts", lambda launcher, adapter: adapter != "torch")
+    target = {}
+    bringup.bring_up("auto", environ=dict(launch), target=target, export=bringup.ZERO_CODE,
+                     teardown=bringup.NEVER)
+    assert target == {}
+
+
+def test_a_different_value_is_never_overwritten_unless_asked(registered):
+    launch = {**recorded("openmpi4-np2", 1), "MASTER_PORT": "1234"}
+    target = {"MASTER_PORT": "999"}
+    with pytest.raises(DistEnvError, match="refusing to overwrite MASTER_PORT='999'"):
+        bringup.bring_up("x", environ=launch, target=target)
+    bringup.bring_up("x", environ=launch, target=target, overwrite=True)
+    assert target["MASTER_PORT"] == "1234"
+
+
+def test_every_caller_goes_through_the_bring_up():
+    """No adapter or tool asks the launcher's service or exports on its own any more: the
+    calls of distenv.discovery.complete are the bring-up's and the map's (its own need)."""
+    import ast
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "distenv")
+    callers = set()
+    for folder, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("discovery") \
+                        and any(a.name == "complete" for a in node.names):
+                    callers.add(os.path.relpath(path, root))
+    assert callers == {"bringup.py", "nodemap.py"}, callers
