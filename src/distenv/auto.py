@@ -28,6 +28,7 @@ import sys
 
 from ._teardown import WrappingLoader, spec_from_others
 from .description import PER_NODE
+from . import knobs
 from .errors import install_excepthook
 
 TYPE_CHECKING = False  # typing stays out of interpreter start (mypy takes any TYPE_CHECKING as true)
@@ -98,7 +99,7 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
         return None
     env = found
     exported.update({name: old for name, old in before.items() if target.get(name) != old})
-    if found.launch == PER_NODE and not target.get("DISTENV_RUN"):
+    if found.launch == PER_NODE and not target.get(knobs.RUN):
         from .log import get_logger  # lazy: logging costs milliseconds at interpreter start
 
         get_logger(__name__).warning(

@@ -64,7 +64,7 @@ class Plan:
 
 def rendezvous_port(d: DistEnv, src: "Mapping[str, str] | None" = None) -> int:
     """The self-rendezvous server's port: DISTENV_HOROVOD_PORT, else derived from the job."""
-    return knobs.side_port(d, "horovod", src, "DISTENV_HOROVOD_PORT")
+    return knobs.side_port(d, "horovod", src, knobs.HOROVOD_PORT)
 
 
 def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
@@ -73,9 +73,9 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     d, src = resolved(env, environ)
     if d.launch == PER_NODE:
         raise DistEnvError(per_node_message(d, "horovod"))
-    wanted = (controller or src.get("DISTENV_HOROVOD_CONTROLLER") or "auto").strip().lower()
+    wanted = (controller or knobs.HOROVOD_CONTROLLER.raw(src) or "auto").strip().lower()
     if wanted not in ("auto", "mpi", "gloo"):
-        raise DistEnvError(f"DISTENV_HOROVOD_CONTROLLER={wanted!r} is not a controller. Fix: set "
+        raise DistEnvError(f"{knobs.HOROVOD_CONTROLLER}={wanted!r} is not a controller. Fix: set "
                            "it to mpi, gloo or auto (or unset it: auto).")
     source = source_of(d.launcher)
     if source.family == "horovod":  # horovodrun set Horovod up itself

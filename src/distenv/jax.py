@@ -141,7 +141,7 @@ def coordinator_port(d: DistEnv, environ: "Mapping[str, str] | None" = None,
     src = os.environ if environ is None else environ
     if port is not None:
         return int(port), "given"
-    for var in ("JAX_COORDINATOR_PORT", "DISTENV_KERAS_PORT"):
+    for var in ("JAX_COORDINATOR_PORT", knobs.KERAS_PORT):
         if src.get(var):
             return knobs.side_port(d, "jax", src, var=var), f"{var}={src[var]}"
     return knobs.side_port(d, "jax", src), (
@@ -192,11 +192,13 @@ def timeouts(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
     src = os.environ if environ is None else environ
     if timeout is not None:
         if not float(timeout) > 0:
-            raise DistEnvError(f"timeout={timeout!r} is not a positive number of seconds.")
+            raise DistEnvError(f"timeout={timeout!r} is not a positive number of seconds. Fix: "
+                               f"give a number above 0, or leave it out ({knobs.TIMEOUT}, else "
+                               f"{knobs.DEFAULT_TIMEOUT:g}).")
         return float(timeout), "given"
-    raw = src.get("DISTENV_TIMEOUT")
-    return knobs.timeout(src), (f"DISTENV_TIMEOUT={raw}" if raw and raw.strip()
-                                else "the default (DISTENV_TIMEOUT unset)")
+    raw = knobs.TIMEOUT.raw(src)
+    return knobs.timeout(src), (f"{knobs.TIMEOUT}={raw}" if raw
+                                else f"the default ({knobs.TIMEOUT} unset)")
 
 
 def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,

@@ -165,6 +165,9 @@ KERAS_PORT = _knob("DISTENV_KERAS_PORT", "the port of JAX's coordinator for Kera
                    "derived from the job)", values="a port", parse=_port)
 HOROVOD_PORT = _knob("DISTENV_HOROVOD_PORT", "the port of Horovod's Gloo rendezvous server "
                      "(default: derived from the job)", values="a port", parse=_port)
+PREFLIGHT_PORT = _knob("DISTENV_PREFLIGHT_PORT", "the port process 0 of the pre-flight listens "
+                       "at (JAX, TensorFlow, Horovod; default: derived from the job)",
+                       values="a port", parse=_port)
 HOROVOD_CONTROLLER = _knob("DISTENV_HOROVOD_CONTROLLER", "how Horovod's ranks meet",
                            values="auto, mpi or gloo", parse=_choice("auto", "mpi", "gloo"),
                            default="auto")

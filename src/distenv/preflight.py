@@ -37,6 +37,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from . import knobs
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -70,7 +71,7 @@ PROGRESS_EVERY = 10.0
 #: Indexes a message shows (the others are counted).
 SHOWN = 20
 #: The environment variable that sets the port on every process.
-PORT_VAR = "DISTENV_PREFLIGHT_PORT"
+PORT_VAR = knobs.PREFLIGHT_PORT
 
 
 @dataclass(frozen=True)

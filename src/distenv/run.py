@@ -24,6 +24,7 @@ import re
 import sys
 
 from .description import DEFAULT, PER_NODE, kind_of
+from . import knobs
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -180,7 +181,7 @@ def _has_torch(python: str, environ: "Mapping[str, str]") -> bool:
         return importlib.util.find_spec("torch") is not None
     import subprocess
 
-    probe = {k: v for k, v in environ.items() if k != "DISTENV_AUTO"}
+    probe = {k: v for k, v in environ.items() if k != knobs.AUTO}
     try:
         p = subprocess.run([python, "-c", "import importlib.util, sys; "
                             "sys.exit(importlib.util.find_spec('torch') is None)"],
@@ -215,7 +216,7 @@ def _how_else(env: DistEnv) -> str:
 def as_flag(message: str, value: str) -> str:
     """A resolver message about DISTENV_NPROC_PER_NODE, which `distenv run --nproc-per-node`
     sets for the resolver and the command, worded for the flag the user gave."""
-    var = "DISTENV_NPROC_PER_NODE"
+    var = knobs.NPROC_PER_NODE
     for old, new in ((f"{var}={value}", f"--nproc-per-node {value}"),
                      (f"unset {var}", "drop --nproc-per-node"),
                      (f"give {var} ", "give --nproc-per-node "),
@@ -248,7 +249,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         raise Usage("no command given")
     child = dict(os.environ if environ is None else environ)
     if opts["nproc_per_node"] is not None:
-        child["DISTENV_NPROC_PER_NODE"] = opts["nproc_per_node"]
+        child[knobs.NPROC_PER_NODE] = opts["nproc_per_node"]
     from .bringup import ALLOW, NEVER, bring_up
 
     # `discover` (main): what the launch leaves unknown comes from the launcher's service; the
@@ -268,8 +269,8 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         from .discovery import handoffs
 
         child.update(handoffs())
-    child["DISTENV_AUTO"] = "1"
-    child["DISTENV_RUN"] = "1"
+    child[knobs.AUTO] = "1"
+    child[knobs.RUN] = "1"
     warnings: "list[str]" = []
     style = opts["local_rank_arg"]
 

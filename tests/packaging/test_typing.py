@@ -19,6 +19,7 @@ SRC = os.path.join(ROOT, "src", "distenv")
 
 TYPED = (
     "__init__.py",
+    "_error.py",
     "_handoff.py",
     "_holder.py",
     "__main__.py",

@@ -140,8 +140,8 @@ def _how(d: DistEnv) -> str:
     source = source_of(d.launcher)
     if source.node_order:  # no host list can place its nodes
         how = f"{source.node_order}: set TF_CONFIG yourself, or launch with mpirun/srun"
-    elif source.pass_on_note("DISTENV_HOSTFILE"):
-        how += f" ({source.pass_on_note('DISTENV_HOSTFILE')})"
+    elif source.pass_on_note(knobs.HOSTFILE):
+        how += f" ({source.pass_on_note(knobs.HOSTFILE)})"
     return how
 
 
@@ -152,7 +152,7 @@ def _assemble(d: DistEnv, src: "Mapping[str, str]", hosts: "Sequence[str]", base
     for host in hosts:
         slot.append(seen.get(host, 0))
         seen[host] = slot[-1] + 1
-    base = knobs.side_port(d, "tf", src, "DISTENV_TF_PORT", base_port, width=max(seen.values()))
+    base = knobs.side_port(d, "tf", src, knobs.TF_PORT, base_port, width=max(seen.values()))
     workers = [knobs.address(h, base + k) for h, k in zip(hosts, slot)]
     index = d.node_rank if d.launch == PER_NODE else d.rank
     if index is None:

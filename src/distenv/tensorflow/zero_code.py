@@ -220,7 +220,7 @@ def _before_mwms(resolver: "Any") -> None:
         raise TooLateError(_too_late(
             f"join the {len(members)}-worker cluster", "MultiWorkerMirroredStrategy()",
             "build the strategy at the top of the script, before any other TensorFlow call"))
-    if not knobs.truthy(os.environ.get("DISTENV_ALLOW_KERAS3", "")):
+    if not knobs.ALLOW_KERAS3.value():
         problem = _hooks().keras_problem(opt_in="set DISTENV_ALLOW_KERAS3=1")
         if problem:
             raise DistEnvError(problem)
