@@ -13,7 +13,11 @@ framework's own calls.
 4. export the torch variables (`DistEnv.export`) always, in a distributed launch only, for the
    zero-code path only where the launch's Source lets torch's variables be written
    (`Source.adapters`), or never;
-5. register the orderly end of a torch process group at exit (`distenv._teardown`).
+5. on rank 0 of the torch family (whose rank 0 binds the master port: torch's store, or the
+   torchrun `distenv run` starts), when distenv derived the port, check it is free here
+   (`port_is_free`): a port another job holds would make the ranks meet that job, or fail
+   with torch's bare "address already in use";
+6. register the orderly end of a torch process group at exit (`distenv._teardown`).
 
 Standard library only; what a framework does next is its adapter's.
 """
@@ -21,8 +25,9 @@ Standard library only; what a framework does next is its adapter's.
 from __future__ import annotations
 
 import os
+import sys
 
-from .description import PER_NODE, DistEnv
+from .description import DEFAULT, DERIVED, PER_NODE, DistEnv, kind_of
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -124,6 +129,8 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
         raise DistEnvError(per_node_message(env, framework))
     if environ is None if complete is None else complete:
         env = completed(env, nodes=nodes, need=need, timeout=timeout)
+    if (environ is None if complete is None else complete) and framework not in OWN_PORTS:
+        port_is_free(env)
     if _when(export, env):
         if target is None:
             target = environ if _writable(environ) else os.environ  # type: ignore[assignment]
@@ -136,9 +143,41 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     return env
 
 
+#: Frameworks whose rank 0 does not bind the master port (each meets on ports of its own).
+OWN_PORTS = ("jax", "tensorflow", "keras", "horovod")
+_checked: "set[int]" = set()
+
+
+def port_is_free(env: DistEnv) -> None:
+    """On the process that binds the master port (rank 0; node 0 of a per-node launch, whose
+    torchrun binds it), once: a port distenv derived (from the job id, or torch's default) that
+    something here already holds is a `DistEnvError` naming it and a free one. A port the user
+    or the launcher gave is theirs (torchrun's agent holds its own), and once torch's process
+    group is up the port is rightly taken."""
+    port = env.master_port
+    first = env.node_rank == 0 if env.launch == PER_NODE else env.rank == 0
+    if not env.is_distributed or not first or port is None or port in _checked \
+            or kind_of(env.provenance.get("master_port")) not in (DERIVED, DEFAULT):
+        return
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "is_available", lambda: False)() and dist.is_initialized():
+        return
+    _checked.add(port)
+    from .ports import bindable, free
+
+    if bindable(port):
+        return
+    other = free(port + 1)
+    example = f"e.g. MASTER_PORT={other}" if other is not None else "MASTER_PORT=<a free port>"
+    raise DistEnvError(
+        f"the master port {port} ({env.provenance.get('master_port')}) is already in use on rank "
+        "0's host: another job or program listens there, and this job's ranks would meet it or "
+        f"fail. Fix: set MASTER_PORT to a free port ({example}) for every rank.")
+
+
 def _writable(environ: "Mapping[str, str] | None") -> bool:
     return environ is not None and hasattr(environ, "__setitem__")
 
 
-__all__ = ["bring_up", "completed", "needs", "per_node_message", "REFUSE", "ALLOW", "ALWAYS",
+__all__ = ["bring_up", "completed", "needs", "per_node_message", "port_is_free", "REFUSE", "ALLOW", "ALWAYS",
            "DISTRIBUTED", "ZERO_CODE", "NEVER", "WORKERS"]

@@ -7,7 +7,7 @@ its host name, one barrier; rank 0 reads every rank's and publishes one summary 
 split across keys within the service's value length), a second barrier, and every other
 rank reads only the summary -- which proves the master address, the node of every rank, the
 node count and the local counts (`distenv.discovery.complete`). Rank 0 also publishes a port
-it found free on its host (`free_port`), so every rank has the same one.
+it found free on its host (`distenv.ports.free`), so every rank has the same one.
 
 The wire protocol, as measured here with MPICH 4.0 (Debian), MPICH 5 (PyPI) and Intel MPI
 2021.18 (PyPI `impi-rt`), each `mpiexec` on one and on two nodes. Lines are
@@ -403,7 +403,7 @@ class Exchange:
                  server: str = "Hydra") -> None:
         self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
         self.seconds, self.why, self.kvsname, self.server = seconds, why, kvsname, server
-        #: A TCP port rank 0 found free on its host (`free_port`), the same on every rank;
+        #: A TCP port rank 0 found free on its host (`distenv.ports.free`), the same on every rank;
         #: None when none was found (or the answer came from before an exec).
         self.port = port
 
@@ -609,45 +609,10 @@ def split(payload: str, limit: int) -> "list[str]":
     raise PMIError(f"cannot split {len(payload)} characters into values of {limit}")
 
 
-def free_port(start: int, tries: int = 64) -> "int | None":
-    """The first port from `start` (wrapping within distenv.ports' range, 20000-29999, below
-    the kernel's ephemeral ports) that this host lets a new listening socket bind, as
-    torch's store binds it (SO_REUSEADDR, every address); None if `tries` ports are taken.
-    A bind and a close: microseconds. Free now is not reserved: a program binding it before
-    the store does still wins; but a job already listening there is avoided."""
-    from .ports import BASE, SPAN
-
-    for i in range(tries):
-        port = BASE + (start - BASE + i) % SPAN
-        if _bindable(port):
-            return port
-    return None
-
-
-def _bindable(port: int) -> bool:
-    """True when a listening socket could bind `port` on every address, IPv6 (when this
-    host has it) and IPv4 alike."""
-    bound = False
-    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no IPv6 here
-            continue
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((addr, port))
-            bound = True
-        except OSError:
-            return False
-        finally:
-            s.close()
-    return bound
-
-
 def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
              size: int) -> "tuple[list[str], int | None]":
     """Rank 0, after the first barrier: read every rank's host, find a free port on this
-    host (`free_port`, from the port derived from the job's kvsname), publish both as one
+    host (`distenv.ports.free`, from the port derived from the job's kvsname), publish both as one
     summary (split across keys ``<summary><i>`` within the service's value length), then
     the second barrier, after which every other rank reads the summary."""
     hosts = [host]
@@ -660,9 +625,9 @@ def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
         hosts.append(got["value"])
     # A missing host is published too ("!<rank>"): every rank then fails with rank 0's
     # reason at once, instead of waiting out its timeout at the second barrier.
-    from .ports import port_for
+    from .ports import free, port_for
 
-    port = free_port(port_for(f"hydra:{kvs}"))
+    port = free(port_for(f"hydra:{kvs}"))
     payload = f"!{missing[0]}" if missing is not None else encode(hosts, port)
     for i, part in enumerate(split(payload, _vallen(conn))):
         got = conn.call(f"cmd=put kvsname={kvs} key={summary}{i} value={part}", "put_result")

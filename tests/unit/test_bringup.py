@@ -11,7 +11,7 @@ import pytest
 import distenv
 import distenv.discovery
 from distenv import DistEnvError, bringup
-from envs import ompi, recorded
+from envs import ompi, ompi4, recorded
 
 PER_NODE = ompi(1, 2, 0, 1, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
                 OMPI_MCA_ess_base_jobid="77", OMPI_MCA_orte_hnp_uri="76.0;tcp://10.213.77.11:4000",
@@ -161,3 +161,41 @@ def test_every_caller_goes_through_the_bring_up():
                         and any(a.name == "complete" for a in node.names):
                     callers.add(os.path.relpath(path, root))
     assert callers == {"bringup.py", "nodemap.py"}, callers
+
+
+# -- the master port, where rank 0 can look (issue 32 item 5) ----------------------------------
+def _holding(port):
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen(1)
+    return s
+
+
+def test_rank_0_stops_when_the_derived_master_port_is_taken_here(monkeypatch):
+    """Another job (or program) listening on the port distenv derived: rank 0 says so, with a
+    free port to set, instead of torch's bare "address already in use" or meeting that job."""
+    monkeypatch.setattr(bringup, "_checked", set())
+    env0 = ompi4(0, 2, 0, 2, 1)
+    port = distenv.resolve(env0).master_port
+    assert distenv.resolve(env0).provenance["master_port"].startswith("derived")
+    holder = _holding(port)
+    try:
+        with pytest.raises(DistEnvError, match=rf"the master port {port} .* already in use on rank "
+                                               r"0's host.*Fix: set MASTER_PORT to a free port "
+                                               r"\(e\.g\. MASTER_PORT=\d+\) for every rank"):
+            bringup.bring_up("torch", environ=env0, complete=True, export=bringup.NEVER,
+                             teardown=bringup.NEVER)
+        # not rank 0; a port the user gave; a framework that meets on ports of its own: no look
+        for env, framework in ((ompi4(1, 2, 1, 2, 1), "torch"),
+                               (dict(env0, MASTER_PORT=str(port)), "torch"), (env0, "jax")):
+            got = bringup.bring_up(framework, environ=env, complete=True, export=bringup.NEVER,
+                                   teardown=bringup.NEVER)
+            assert got.master_port == port
+    finally:
+        holder.close()
+    monkeypatch.setattr(bringup, "_checked", set())
+    assert bringup.bring_up("torch", environ=env0, complete=True, export=bringup.NEVER,
+                            teardown=bringup.NEVER).master_port == port  # free again: fine

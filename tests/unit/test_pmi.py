@@ -17,7 +17,7 @@ import types
 
 import pytest
 
-from distenv import DistEnvError, pmi, resolve
+from distenv import DistEnvError, pmi, ports, resolve
 from distenv.description import DECLINED, about
 from distenv.discovery import PMI_WHY, complete
 from distenv.discovery.apply import apply
@@ -425,7 +425,7 @@ def test_rank_0_reads_every_host_once_and_publishes_the_summary(no_watcher, dial
     kvs = "kvs_42_0_7_node1"
     assert gets(proxy.seen) == [f"cmd=get kvsname={kvs} key={key(r, gen)}" for r in (1, 2, 3)]
     # the port: free on rank 0's host, from the one derived from the job's kvsname
-    assert ex.port == pmi.free_port(port_for(f"hydra:{kvs}"))
+    assert ex.port == ports.free(port_for(f"hydra:{kvs}"))
     summary = (f"cmd=put kvsname={kvs} key={pmi.SUMMARY}-{gen}-0 "
                f"value=1;{me},node2,node1/0,1,2*2/{ex.port}")
     assert proxy.seen[-3:] == ["cmd=get_maxes", summary, "cmd=barrier_in"], proxy.seen
@@ -606,7 +606,7 @@ def test_every_rank_of_a_job_learns_the_same_placement():
     assert all(proxy.gets[r] == 1 for r in range(1, size)), proxy.gets
 
 
-def test_free_port_skips_a_port_in_use():
+def test_ports_free_skips_a_port_in_use():
     busy = socket.create_server(("", 0))  # some port, then one in distenv's range
     taken = None
     for port in range(25000, 25100):
@@ -619,9 +619,9 @@ def test_free_port_skips_a_port_in_use():
             continue
     assert taken is not None
     try:
-        got = pmi.free_port(taken)
+        got = ports.free(taken)
         assert got is not None and got != taken and 20000 <= got < 30000
-        assert pmi.free_port(29999, tries=2) in (29999, 20000)  # wraps within the range
+        assert ports.free(29999, tries=2) in (29999, 20000)  # wraps within the range
     finally:
         busy.close()
 

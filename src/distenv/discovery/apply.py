@@ -192,11 +192,11 @@ def apply(env: DistEnv, ans: Answer) -> DistEnv:
     if (ans.port is not None and port_kind in (DEFAULT, DERIVED)
             and env.master_addr in (None, ans.hosts[0])):
         # Rank 0 found this port free on its own host, where the store will listen, and
-        # published it with the hosts (distenv.pmi.free_port): a job already listening on
+        # published it with the hosts (distenv.ports.free): a job already listening on
         # the derived port is avoided, and every rank has the same port.
         env = with_values(env, {"master_port": ans.port},
                           f"free on rank 0's host ({ans.hosts[0]}) when it looked ({ans.why}); "
-                          "see distenv.pmi.free_port")
+                          "see distenv.ports.free")
     elif ans.port_key and port_kind == DEFAULT:
         # A launcher with no job id (MPICH) still has one service key the same on every rank
         # of one job, different across jobs (its key-value space name): two such jobs on one

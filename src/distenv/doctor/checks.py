@@ -183,24 +183,27 @@ def _check_cpu(rep: Report, env: "DistEnv | None", environ: "Mapping[str, str]")
                 "let the launcher bind nothing (mpirun --bind-to none, or --map-by "
                 "ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
     threads = omp if omp is not None else bound
+    over: "tuple[str, str] | None"  # (problem, fix) when threads outnumber the cores
     if bound < total:
         # Bound by the launcher: each process has its own cores (as far as we can tell).
-        if threads > bound:
-            rep.add("warning", "cpu", f"OMP_NUM_THREADS={omp} threads but this process may use "
-                    f"{bound} core(s) (CPU affinity, set by the launcher): threads compete.",
-                    f"export OMP_NUM_THREADS={bound}")
-        else:
-            rep.add("ok", "cpu", f"{threads} thread(s) on {bound} core(s) bound to this process.")
-        return info
-    demand = threads * local
-    if demand > total:
+        over = None if threads <= bound else (
+            f"OMP_NUM_THREADS={omp} threads but this process may use {bound} core(s) (CPU "
+            "affinity, set by the launcher): threads compete.", f"export OMP_NUM_THREADS={bound}")
+        fine = f"{threads} thread(s) on {bound} core(s) bound to this process."
+    else:
+        demand = threads * local
         why = (f"OMP_NUM_THREADS={omp}" if omp is not None
                else "OMP_NUM_THREADS unset: torch and OpenMP take every core in each process")
-        rep.add("warning", "cpu", f"{local} process(es) x {threads} thread(s) = {demand} threads on "
-                f"{total} core(s) ({why}): oversubscribed, training slows down.",
-                f"export OMP_NUM_THREADS={share} (cores / local processes){_passed_on(env, 'OMP_NUM_THREADS', share)}")
+        over = None if demand <= total else (
+            f"{local} process(es) x {threads} thread(s) = {demand} threads on {total} core(s) "
+            f"({why}): oversubscribed, training slows down.",
+            f"export OMP_NUM_THREADS={share} (cores / local processes)"
+            f"{_passed_on(env, 'OMP_NUM_THREADS', share)}")
+        fine = f"{local} process(es) x {threads} thread(s) on {total} core(s)."
+    if over is not None:
+        rep.add("warning", "cpu", *over)
     else:
-        rep.add("ok", "cpu", f"{local} process(es) x {threads} thread(s) on {total} core(s).")
+        rep.add("ok", "cpu", fine)
     return info
 
 
