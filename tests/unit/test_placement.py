@@ -185,12 +185,17 @@ def test_side_ports_agree_across_ranks_and_avoid_the_master_port():
     assert knobs.side_port(a, "tf", {"DISTENV_TF_PORT": "31000"}, "DISTENV_TF_PORT") == 31000
     with pytest.raises(DistEnvError, match="65535"):
         knobs.side_port(a, "tf", {}, given=65535, width=2)
-    # A master port inside the derived range: the range moves past it.
+    # Blocks are aligned (two jobs with as many workers per host share a whole block or none)
+    widths = {w: knobs.side_port(a, "tf", {}, width=w) for w in (1, 4, 8)}
+    assert all((port - ports.BASE) % w == 0 and port + w <= ports.BASE + ports.SPAN
+               for w, port in widths.items()), widths
+    # A master port inside the derived block: the block moves to the next one.
     key = f"x:{a.launcher}:{a.job_id}:{a.master_addr}:"
-    master = next(p for p in range(1, 65536) if 0 <= p - ports.port_for(key + str(p)) < 4)
+    master = next(p for p in range(1, 65536)
+                  if 0 <= p - (ports.BASE + 4 * (ports.fnv1a(key + str(p)) % 2500)) < 4)
     taken = a.replace(master_port=master)
     port = knobs.side_port(taken, "x", {}, width=4)
-    assert port == master + 1
+    assert port == master - (master - ports.BASE) % 4 + 4 and not port <= master < port + 4
 
 
 def test_core_share():

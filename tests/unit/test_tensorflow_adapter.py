@@ -364,6 +364,30 @@ def free_ports(n):
     return out
 
 
+def test_a_worker_whose_port_is_taken_says_so_before_anyone_waits():
+    """Another job's worker (blocks derived alike) or any program on this worker's TensorFlow
+    port: the worker stops at once, naming the port, instead of failing in TensorFlow's server
+    or letting the others reach that job (issue 32 item 5)."""
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("0.0.0.0", 0))
+    held.listen(1)
+    taken = held.getsockname()[1]
+    addrs = [f"127.0.0.1:{taken}", f"127.0.0.1:{free_ports(1)[0]}"]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DistEnvError, match=rf"TensorFlow's port {taken} for worker 0 .* already "
+                                               r"in use on this host.*Fix: set DISTENV_TF_PORT to a "
+                                               r"free base port on every worker"):
+            dtf.rendezvous(addrs, 0, timeout=20, port=free_ports(1)[0], environ={})
+        assert time.monotonic() - t0 < 2  # before waiting for anyone
+        with pytest.raises(DistEnvError, match=r"Fix: give this worker a free port in TF_CONFIG"):
+            dtf.rendezvous(addrs, 0, timeout=20, port=free_ports(1)[0],
+                           environ={"TF_CONFIG": json.dumps({"cluster": {"worker": addrs}})})
+    finally:
+        held.close()
+
+
 def test_rendezvous_of_three_workers():
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
     port = free_ports(1)[0]

@@ -5,6 +5,7 @@ line after DISTENV_TIMEOUT, not a hang."""
 from __future__ import annotations
 
 from .. import knobs, preflight
+from ..errors import DistEnvError
 from ..resolver import resolved
 from .cluster import _environ
 
@@ -30,6 +31,7 @@ def rendezvous(workers: "Sequence[str]", index: int, timeout: "float | None" = N
     `env`: the launch (default: resolved from `environ`)."""
     src = _environ(environ)
     seconds = knobs.timeout(src, timeout)
+    _own_port_free(workers, index, src)
     host = workers[0].rpartition(":")[0].strip("[]")
     d = env if env is not None else resolved(None, src)[0]
     cluster = ",".join(workers)
@@ -41,3 +43,24 @@ def rendezvous(workers: "Sequence[str]", index: int, timeout: "float | None" = N
         who="distenv.tensorflow", noun="worker", entry="the strategy",
         address_from=f"worker 0 of the cluster: {workers[0]}",
         address_fix="give every worker the same cluster (TF_CONFIG, DISTENV_HOSTFILE)"))
+
+
+def _own_port_free(workers: "Sequence[str]", index: int, src: "Mapping[str, str]") -> None:
+    """This worker's TensorFlow port is about to be bound by its server: taken here already
+    (another job's worker, blocks derived alike), TensorFlow would fail or reach that job.
+    Checked where it can be, on the worker itself, before any other worker waits for it."""
+    from ..ports import bindable, free
+
+    raw = workers[index].rpartition(":")[2]
+    if not raw.isdigit() or bindable(int(raw)):
+        return
+    port = int(raw)
+    if src.get("TF_CONFIG"):
+        fix = "give this worker a free port in TF_CONFIG"
+    else:
+        other = free(port + 1)
+        fix = (f"set {knobs.TF_PORT} to a free base port on every worker"
+               + (f" (e.g. {knobs.TF_PORT}={other})" if other is not None else ""))
+    raise DistEnvError(f"TensorFlow's port {port} for worker {index} ({workers[index]}) is already "
+                       "in use on this host: another job or program listens there, and this "
+                       f"worker's server would fail or the others would reach it. Fix: {fix}.")
