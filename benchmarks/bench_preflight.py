@@ -142,7 +142,8 @@ class MemoryStore:
 _MEMORY = MemoryStore()
 
 
-def _one(kind: str, size: int, index: int, port: int, timeout: float, local, t0: float) -> dict:
+def _one(kind: str, size: int, index: int, port: int, timeout: float, local, t0: float,
+         tf_base: int = 0) -> dict:
     from distenv import preflight
     from distenv.errors import DistEnvError
 
@@ -155,7 +156,8 @@ def _one(kind: str, size: int, index: int, port: int, timeout: float, local, t0:
         elif kind == "tf":
             import distenv.tensorflow as dtf
 
-            workers = [f"127.0.0.1:{port + 1 + (i % 50)}" for i in range(size)]
+            # each worker's own port, free here (every worker checks its own before meeting)
+            workers = [f"127.0.0.1:{tf_base + i}" for i in range(size)]
             dtf.rendezvous(workers, index, timeout, {}, port=port)
         elif kind == "kv":  # the torch meeting's protocol on an in-process store
             store = _CountingStore(_MEMORY)
@@ -213,7 +215,8 @@ def role(args: argparse.Namespace) -> None:
 
     def run(i: int) -> None:
         go.wait()
-        results.append(_one(args.kind, args.size, i, args.port, args.timeout, local, start[0]))
+        results.append(_one(args.kind, args.size, i, args.port, args.timeout, local, start[0],
+                            args.tf_base))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in ids]
     for t in threads:
@@ -237,6 +240,20 @@ def role(args: argparse.Namespace) -> None:
 
 
 # -- the orchestrator ------------------------------------------------------------------------------
+def _free_block(size: int) -> int:
+    """The first of `size` consecutive ports, all free here, in distenv's derived range: the
+    simulated TensorFlow workers' own ports."""
+    from distenv.ports import BASE, SPAN, bindable
+
+    base = BASE
+    while base + size <= BASE + SPAN:
+        busy = next((p for p in range(base, base + size) if not bindable(p)), None)
+        if busy is None:
+            return base
+        base = busy + 1
+    raise SystemExit(f"no {size} consecutive free ports in {BASE}-{BASE + SPAN - 1}")
+
+
 def _free_port() -> int:
     import socket
 
@@ -260,7 +277,8 @@ def scenario(kind: str, size: int, procs: int, timeout: float, late: float = 0.0
            "DISTENV_LOG_LEVEL": "error"}
     sync = tempfile.mkdtemp(prefix="bench-preflight-")
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "--kind", kind, "--size", str(size),
-           "--port", str(port), "--timeout", str(timeout), "--sync", sync]
+           "--port", str(port), "--timeout", str(timeout), "--sync", sync,
+           "--tf-base", str(_free_block(size) if kind == "tf" else 0)]
     if kind == "store":
         # torch's store looks up the name of every connection's peer (getnameinfo), the server in
         # its one thread, and this machine's DNS server drops some of those queries (5 s each,
@@ -384,6 +402,7 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--kind", default="star", help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--tf-base", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--ids", default="", help=argparse.SUPPRESS)
     ap.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--sync", default="", help=argparse.SUPPRESS)
