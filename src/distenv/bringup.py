@@ -122,9 +122,14 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     ZERO_CODE or NEVER; the variables go to `target` (default `environ` when it is writable,
     else os.environ), never overwriting a different value unless `overwrite`.
     """
+    from .knobs import unknown
     from .resolver import resolve
 
     env = resolve(environ, **dict(overrides or {}))
+    if environ is None and unknown():  # a misspelled DISTENV_* name: one warning, from rank 0
+        from .log import warn_unknown_knobs
+
+        warn_unknown_knobs(rank=env.rank if env.launch != PER_NODE else env.node_rank)
     if per_node == REFUSE and env.launch == PER_NODE:
         raise DistEnvError(per_node_message(env, framework))
     if environ is None if complete is None else complete:

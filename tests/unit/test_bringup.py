@@ -199,3 +199,24 @@ def test_rank_0_stops_when_the_derived_master_port_is_taken_here(monkeypatch):
     monkeypatch.setattr(bringup, "_checked", set())
     assert bringup.bring_up("torch", environ=env0, complete=True, export=bringup.NEVER,
                             teardown=bringup.NEVER).master_port == port  # free again: fine
+
+
+def test_a_misspelled_knob_is_warned_about_once_from_rank_0(monkeypatch, caplog):
+    """An adapter's start (the bring-up) names the knob a misspelled DISTENV_* name is nearest
+    to, once per process, on rank 0 only (issue 29 item 2)."""
+    from distenv import log
+
+    for rank, lines in ((0, 1), (1, 0)):
+        monkeypatch.setattr(log, "_warned", False)
+        for k in list(os.environ):
+            if k.startswith(("OMPI_", "DISTENV_")):
+                monkeypatch.delenv(k)
+        for k, v in {**ompi4(rank, 2, rank, 2, 1), "DISTENV_NPROC_PER_NOD": "2"}.items():
+            monkeypatch.setenv(k, v)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="distenv"):
+            for _ in range(2):
+                bringup.bring_up("jax", export=bringup.NEVER, teardown=bringup.NEVER)
+        said = [r.getMessage() for r in caplog.records if "DISTENV_NPROC_PER_NOD " in r.getMessage()]
+        assert len(said) == lines, said
+        assert all("did you mean DISTENV_NPROC_PER_NODE?" in m for m in said)
