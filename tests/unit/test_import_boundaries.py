@@ -41,6 +41,7 @@ SHARED = (
     "distenv._teardown",             # an orderly end of a process group at exit
     "distenv.bringup",               # the one way up: resolve, refuse, complete, export, teardown
     "distenv.preflight",             # the one pre-flight: meet every rank, name the missing ones
+    "distenv.ports",                 # whether a port is free here, and a free one (TF's own ports)
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
     "distenv.sources",               # what a launch's source declares (source_of, family, ...)
     "distenv.sources.slurm",         # SLURM's task layout, re-exported as distenv.tensorflow.slurm_task_nodes
