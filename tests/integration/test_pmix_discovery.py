@@ -173,8 +173,9 @@ def test_a_dead_query_client_is_seen_by_the_server_only_at_exit(need):
         assert r["relayed"] is True, detail
         assert r["mpi"] == {"init_rc": 0, "rank": r["truth"]["rank"], "size": 2, "sum": 3,
                             "hosts": r["child_hosts"], "finalize_rc": 0}, detail
-    # the provocation is real: without the relay no rank gets through MPI to its record
-    bare = harness.launch(lay, cmd, env={"DISTENV_PMIX_RELAY": "0"}, timeout=45, check=False)
+    # the provocation is real: without the relay no rank gets through MPI to its record (the
+    # relayed job above takes 2-4 s here; 20 s is 5x that, and a hung job never ends)
+    bare = harness.launch(lay, cmd, env={"DISTENV_PMIX_RELAY": "0"}, timeout=20, check=False)
     assert bare["rc"] != 0, harness.describe_failure(lay, bare)
     assert not any(harness.parse_records(out) for out, _ in bare["files"].values()), \
         harness.describe_failure(lay, bare)
