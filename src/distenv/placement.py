@@ -41,6 +41,8 @@ stays as cheap as before. Standard library only; no I/O at import.
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from .description import Later
 from .errors import DistEnvError
 
@@ -58,39 +60,58 @@ def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list
     """Hosts in file order with their slot counts (None where the file gives none)."""
     hosts: "list[str]" = []
     counts: "list[int | None]" = []
-    seen: "dict[str, int]" = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        host, count = words[0], None
-        if ":" in host and host.rsplit(":", 1)[1].isdigit():
-            host, n = host.rsplit(":", 1)
-            count = int(n)
-        for word in words[1:]:
-            key, _, value = word.partition("=")
-            if key in ("slots", "max_slots", "cpu", "cpus") and value.isdigit():
-                if key != "max_slots":
-                    count = int(value)
-            else:
-                raise DistEnvError(f"{name} line {lineno}: {line!r} is not 'host', 'host:N' "
-                                   "or 'host slots=N'. Fix: write one host per line in one of "
-                                   "those forms (mpirun's host file format).")
-        if count == 0:
-            raise DistEnvError(f"{name} line {lineno}: {line!r} gives no slot. Fix: give every "
-                               "host at least one slot (host:N with N >= 1), or leave it out.")
-        i = seen.get(host)  # a dict, not list membership: a 50 000-line node file stays linear
-        if i is not None:  # PBS_NODEFILE style: one line per slot
-            counts[i] = (counts[i] or 1) + (count or 1)
+    seen: "dict[str, int]" = {}  # a dict, not list membership: a 50 000-line file stays linear
+    # A PBS_NODEFILE repeats a host's line once per slot: each run of equal lines is parsed
+    # once (groupby), and each distinct line once (`lines`).
+    lines: "dict[str, tuple[str, int | None] | None]" = {}
+    lineno = 1
+    for raw, run in groupby(text.splitlines()):
+        repeats = len(list(run))
+        if raw in lines:
+            entry = lines[raw]
         else:
-            seen[host] = len(hosts)
+            entry = lines[raw] = _hostfile_line(raw, lineno, name)
+        lineno += repeats
+        if entry is None:
+            continue
+        host, count = entry
+        i = seen.get(host)
+        if i is None:
+            seen[host] = i = len(hosts)
             hosts.append(host)
             counts.append(count)
+            repeats -= 1
+        if repeats:  # PBS_NODEFILE style: one line per slot
+            counts[i] = (counts[i] or 1) + (count or 1) * repeats
     if not hosts:
         raise DistEnvError(f"{name} lists no host. Fix: list the job's hosts, one per line, "
                            "in the order the launcher fills them.")
     return hosts, counts
+
+
+def _hostfile_line(raw: str, lineno: int, name: str) -> "tuple[str, int | None] | None":
+    """(host, slots or None) of one host file line; None for a blank or comment line."""
+    line = raw.split("#", 1)[0].strip()
+    if not line:
+        return None
+    words = line.split()
+    host, count = words[0], None
+    if ":" in host and host.rsplit(":", 1)[1].isdigit():
+        host, n = host.rsplit(":", 1)
+        count = int(n)
+    for word in words[1:]:
+        key, _, value = word.partition("=")
+        if key in ("slots", "max_slots", "cpu", "cpus") and value.isdigit():
+            if key != "max_slots":
+                count = int(value)
+        else:
+            raise DistEnvError(f"{name} line {lineno}: {line!r} is not 'host', 'host:N' "
+                               "or 'host slots=N'. Fix: write one host per line in one of "
+                               "those forms (mpirun's host file format).")
+    if count == 0:
+        raise DistEnvError(f"{name} line {lineno}: {line!r} gives no slot. Fix: give every "
+                           "host at least one slot (host:N with N >= 1), or leave it out.")
+    return host, count
 
 
 def block(hosts: "Sequence[str]", counts: "Sequence[int]", size: "int | None", why: str) -> "list[str]":
