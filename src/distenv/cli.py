@@ -25,6 +25,7 @@ from .errors import DistEnvError
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
+    from typing import Any
 
     from .description import DistEnv
 
@@ -201,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Describe this process's place in a distributed launch, under any launcher. "
         "Without a command: show (distenv --json is distenv show --json).",
     )
-    parser.add_argument("-V", "--version", action="version", version=version_line(__version__))
+    parser.add_argument("-V", "--version", action=_Version, nargs=0, version=version_line(__version__),
+                        help="print the version, where it is installed, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     show = sub.add_parser("show", help="print the resolved launch (rank, sizes, master, ...)")
     mode = show.add_mutually_exclusive_group()
@@ -239,6 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     _many_ranks(doc, "per-node")
     doc.set_defaults(parser=doc, func=_doctor)
     return parser
+
+
+class _Version(argparse.Action):
+    """argparse's own version action wraps its text to the terminal's width, breaking a long
+    install path across lines: print the line whole."""
+
+    def __init__(self, option_strings: "list[str]", version: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, **kwargs)
+        self.version = version
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: "str | None" = None) -> None:
+        print(self.version)
+        parser.exit()
 
 
 def version_line(version: str) -> str:

@@ -60,6 +60,14 @@ def test_version_both_spellings_and_both_entry_points():
     assert p.returncode == 0 and p.stdout.split(" from ")[0] == line.split(" from ")[0]
 
 
+def test_version_is_one_line_however_narrow_the_terminal():
+    """argparse's version action wraps to the terminal's width: a long install path came out
+    broken across lines (seen with pytest-xdist's longer temporary paths)."""
+    p = cli("--version", env={"COLUMNS": "20"})
+    assert p.returncode == 0
+    assert p.stdout.count("\n") == 1 and os.path.dirname(distenv.__file__) in p.stdout
+
+
 @pytest.mark.parametrize("flags", [[], ["--json"], ["--explain"], ["--summary"], ["--ranks", "0"]])
 def test_bare_distenv_is_show_with_its_flags(flags):
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29501"}
