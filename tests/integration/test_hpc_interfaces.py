@@ -56,9 +56,14 @@ def job(*cmd: str, twice: bool = False) -> str:
     return wrapper(['echo "job script on $(hostname)" >&2', run, *([run] if twice else [])])
 
 
-def records_of(lay: Layout, cmd, *, env=None, timeout=TIMEOUT, each=1):
-    """`each` records per rank, sorted by the launcher's rank (then by the order printed)."""
-    result = harness.launch(lay, cmd, env=env, timeout=timeout)
+def records_of(lay: Layout, cmd, *, env=None, timeout=TIMEOUT, each=1, retry_if=None):
+    """`each` records per rank, sorted by the launcher's rank (then by the order printed).
+    `retry_if`: a launcher message after which the launch is tried once more (see its use)."""
+    result = harness.launch(lay, cmd, env=env, timeout=timeout, check=retry_if is None)
+    if retry_if is not None and (result["rc"] != 0 or len(result["files"]) != lay.nranks):
+        if retry_if not in result["output"]:
+            raise harness.LaunchError(harness.describe_failure(lay, result, kept=False))
+        result = harness.launch(lay, cmd, env=env, timeout=timeout)
     records = []
     for name, (out, err) in sorted(result["files"].items()):
         found = harness.parse_records(out)
@@ -133,7 +138,12 @@ def test_pmi2_heterogeneous_is_refused_at_once_with_the_plugins_that_work(need):
     says so at once, naming the plugins that place such a step (pmix, cray_shasta), instead
     of waiting out its timeout."""
     lay = need(harness.LAYOUTS["slurm-N2-pmi2-het"])
-    records = records_of(lay, [harness.PY, PROBE, "discover"])
+    # Once in a full run (0 of 37 runs alone, quiet or beside 4 busy loops) SLURM 22.05 started
+    # only component 0: srun's pmi2 agent then looped on "mpi/pmi2: unable to accept new
+    # connection: Invalid argument" and the node1 tasks never ran (no rank file, so no distenv
+    # code ran there). That launcher failure, and only it, gets one more launch.
+    records = records_of(lay, [harness.PY, PROBE, "discover"],
+                         retry_if="mpi/pmi2: unable to accept new connection")
     for r in records:
         assert "does not join the components" in r["error"], r
         assert "--mpi=pmix or --mpi=cray_shasta" in r["error"] and r["error"].count("Fix:") == 1, r
