@@ -5,7 +5,7 @@
 # virtualenv .venv (distenv editable, torch 2.13 CPU, pytest, tox). Idempotent: a second run
 # takes a few seconds.
 #
-#   bash integrations/setup.sh && .venv/bin/python -m pytest
+#   bash integrations/setup.sh && .venv/bin/python -m pytest -n 2
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . integrations/common.sh

@@ -121,6 +121,36 @@ def pytest_report_teststatus(report, config):
     return None
 
 
+#: Run by one pytest-xdist worker, one test after the other (the README's `pytest -n 2`):
+#: tests that start real launchers on default or fixed ports (MPICH reveals no job id, so its
+#: rendezvous meet on 29500; the Transformers baselines collide there on purpose) or time
+#: concurrent jobs. Every other module is a unit of its own, so its module and session
+#: fixtures (launch pools, built venvs) are set up once. Paths as in pytest's node ids.
+SERIAL = ("tests/integration/", "tests/reliability/", "tests/templates/",
+          "tests/e2e/test_transformers_e2e.py", "tests/unit/test_run.py")
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes whole: "launchers", or the test's module."""
+    path = nodeid.split("::", 1)[0]
+    return "launchers" if path.startswith(SERIAL) else path
+
+
+class _XdistUnits:
+    """pytest-xdist's own groups (--dist loadgroup) do nothing under pytest 9.2 (xdist 3.8
+    renames item._nodeid, which pytest 9.2 no longer reads): a scheduler of our own units."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Units(LoadScopeScheduling):
+            def _split_scope(self, nodeid):
+                return xdist_unit(nodeid)
+
+        return Units(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _in_e2e(item):
@@ -128,6 +158,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistUnits(), "distenv-xdist-units")
     config.addinivalue_line(
         "markers", "jobs(*names): launcher jobs this e2e test reads (tests/e2e/launch_pool.py)")
     config.addinivalue_line(

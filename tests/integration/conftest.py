@@ -55,9 +55,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _under_here(item):
             item.add_marker(pytest.mark.launcher)
-            # pytest -n N --dist loadgroup keeps these on one worker: MPICH reveals no job
-            # id, so two MPICH rendezvous at once would meet on the same default port.
-            item.add_marker(pytest.mark.xdist_group("launchers"))
+            # Under pytest -n N one worker runs all of these, one after the other
+            # (tests/conftest.py, xdist_unit): MPICH reveals no job id, so two MPICH
+            # rendezvous at once would meet on the same default port.
 
 
 # -- helpers ---------------------------------------------------------------------------------
