@@ -230,13 +230,13 @@ _mine: "tuple[int, int, int | None, Holder] | None" = None  # (this pid, task, s
 
 
 def for_task(task: int, task_start: "int | None",
-             daemon: "tuple[int, int | None] | None" = None) -> Holder:
+             daemon: "tuple[int, int | None] | None" = None, timeout: float = 30.0) -> Holder:
     """This process's connection to the holder, registered for `task`, made on first use (a
-    forked child that asks makes its own)."""
+    forked child that asks makes its own) within `timeout` seconds."""
     global _mine
     if _mine is not None and _mine[:3] == (os.getpid(), task, task_start):
         return _mine[3]
-    holder = start(task, task_start, daemon=daemon)
+    holder = start(task, task_start, timeout=timeout, daemon=daemon)
     _mine = (os.getpid(), task, task_start, holder)
     return holder
 

@@ -289,18 +289,20 @@ class _Held:
         self.holder, self.mine, self.error = holder, mine, error
 
 
-def _holder_for(found: Offer) -> _Held:
+def _holder_for(found: Offer, deadline: "float | None" = None) -> _Held:
     """This task's holder (`distenv._holder`: shared by the daemon's ranks on this node),
     reached before the exchange so that it overlaps the wait at the barriers; under SLURM's
     stepd it takes the relay now, paused until `_hold` (one message after the exchange, not a
-    round trip: 64 ranks on 2 cores waited up to 180 ms for theirs)."""
+    round trip: 64 ranks on 2 cores waited up to 180 ms for theirs). Reaching it ends by
+    `deadline` (time.monotonic()), the exchange's."""
     from . import _holder
 
     chain = found.chain
+    timeout = 30.0 if deadline is None else max(deadline - time.monotonic(), 0.01)
     try:
         holder = _holder.for_task(chain.task if chain else os.getpid(),
                                   chain.task_start if chain else _holder.start_time(os.getpid()),
-                                  chain.daemon_id if chain else None)
+                                  chain.daemon_id if chain else None, timeout=timeout)
         if found.server != "SLURM" or found.mode != "fd":
             return _Held(holder)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -433,7 +435,7 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
     found, timeout = begin(environ, found, timeout, offer, PMIError, "key-value service")
     start = time.monotonic()
     deadline = start + timeout
-    held = _holder_for(found)
+    held = _holder_for(found, deadline)
     host = _check_value(socket.gethostname())
     sock: "socket.socket | None"
     flags: "int | None"
@@ -475,9 +477,11 @@ def exchange(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
         if got.get("rc", "0") != "0":
             raise PMIError(f"the launcher refused to store this rank's host: {got}")
         # The barrier may use all but a reserve, kept to find out who is missing: the
-        # whole call ends within `timeout`. Rank 0 reads every rank's key then (about 0.2 ms
-        # each against Hydra's proxy: 10 s at 50 000 ranks), the others one key.
-        reserve = min(max(2.0, size * 2e-4), 0.25 * timeout) if rank == 0 else min(2.0, 0.1 * timeout)
+        # whole call ends within `timeout`. Rank 0 reads every rank's key then, the others
+        # one key. A key costs about 0.2 ms against Hydra's proxy, and as much against the
+        # bench's fake proxy on a loaded 2-core machine (0.065 ms quiet): the reserve allows
+        # 0.5 ms (5 s at 10 000 ranks, 25 s at 50 000), at most a quarter of the timeout.
+        reserve = min(max(2.0, size * 5e-4), 0.25 * timeout) if rank == 0 else min(2.0, 0.1 * timeout)
         conn.deadline = deadline - reserve
         try:
             conn.call("cmd=barrier_in", "barrier_out")
@@ -703,8 +707,8 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
     too, even to rank 2). So a missing key names a rank that never came or shares a node
     with one; this rank itself certainly came.
     """
-    missing: "list[int] | None"
-    missing = []
+    missing: "list[int]" = []
+    read = 0  # keys read before the time ran out (or the launcher failed)
     try:
         for r in (range(size) if rank == 0 else (0,)):
             conn.send(f"cmd=get kvsname={kvs} key={key}{r}")
@@ -717,23 +721,29 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
                         raise
             if got.get("rc", "0") != "0" and r != rank:
                 missing.append(r)
+            read += 1
     except (OSError, PMIError):
-        missing = None
-    if rank != 0 and missing is not None:
+        pass
+    if read == 0:
+        who = "not every rank reached it (which ones: the launcher could not say in time)"
+    elif rank != 0:
         who = ("rank 0 came; its error names the ranks that did not" if not missing else
                "rank 0's host did not appear: rank 0 never reached it, or a rank on its node did "
                "not (Hydra shows a node's keys once all its ranks came); rank 0's error, if it "
                "runs, names them")
-    elif missing:
+    else:
         shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)"
                                                      if len(missing) > 20 else "")
         if len(missing) == 1:
             who = f"rank {shown} never reached it"
-        else:
+        elif missing:
             who = (f"rank(s) {shown} have not all reached it (Hydra publishes a node's ranks "
                    "together once all of them came: one or more of these never did)")
-    else:
-        who = "not every rank reached it (which ones: the launcher could not say in time)"
+        else:
+            who = "not every rank reached it"
+        if read < size:  # the time ran out first: name what was read, and what was not
+            came = f"ranks 0 to {read - 1} reached it"
+            who = f"{who if missing else came}; ranks {read} to {size - 1} were not checked in time"
     return (f"key-value exchange of {size} ranks timed out after {timeout:g} s on rank {rank}: "
             f"{who}. Check that every rank runs the same distenv call (a rank that died or "
             f"hangs before it, or a script that skips it on some ranks); set "

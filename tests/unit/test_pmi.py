@@ -41,11 +41,13 @@ class FakeProxy(threading.Thread):
     barrier); `barrier`: False = the barrier never completes (a rank never came).
     When the client is not rank 0, the fake plays rank 0's part too: at the second barrier
     it publishes rank 0's summary of the hosts in `others` (`summary`: False = rank 0 never
-    does, the second barrier never completes; `vallen`: the value length it reads with)."""
+    does, the second barrier never completes; `vallen`: the value length it reads with;
+    `get_delay`: seconds each get waits before its answer, a slow launcher)."""
 
     def __init__(self, sock, dialect, others, barrier=True, size=2, rank=1, summary=True,
-                 vallen=1024):
+                 vallen=1024, get_delay=0.0):
         super().__init__(daemon=True)
+        self.get_delay = get_delay
         self.sock, self.d, self.kvs, self.barrier = sock, dialect, {}, barrier
         self.others, self.size, self.rank = others, size, rank
         self.summary, self.vallen, self.barriers = summary, vallen, 0
@@ -63,6 +65,12 @@ class FakeProxy(threading.Thread):
             self.kvs[f"{pmi.SUMMARY}-{gen}-{i}"] = part
 
     def run(self):
+        try:
+            self.serve()
+        except BrokenPipeError:  # the client gave up (a timeout) while a slow get waited
+            pass
+
+    def serve(self):
         f = self.sock.makefile("rwb", buffering=0)
         for raw in f:
             line = raw.decode().strip()
@@ -92,6 +100,7 @@ class FakeProxy(threading.Thread):
                         self.publish_summary()
                     out = self.d["barrier"]
             elif cmd == "get":
+                time.sleep(self.get_delay)
                 k = fields["key"]
                 out = self.d["get"].format(v=self.kvs[k]) if k in self.kvs else \
                     self.d["miss"].format(k=k)
@@ -221,6 +230,39 @@ def test_a_barrier_that_never_ends_names_the_missing_rank_in_time(no_watcher, wa
         assert os.get_blocking(ours.fileno())
         gets = [line for line in proxy.seen if line.startswith("cmd=get ")]
         assert len(gets) == (4 if rank == 0 else 1), gets
+        ours.close()
+
+
+def test_a_missing_rank_search_cut_short_names_what_it_read_and_what_it_did_not(no_watcher,
+                                                                                 waits):
+    """When the launcher answers too slowly for rank 0 to read every key in its reserve, the
+    error still names the ranks read (and any missing among them) and the range left unread,
+    and the call still ends within the timeout."""
+    for absent, said in ((6, r"ranks 0 to (\d+) reached it; ranks (\d+) to 7 were not checked"),
+                         (1, r"rank 1 never reached it; ranks (\d+) to 7 were not checked")):
+        waits.reads.clear()
+        waits.ends.clear()
+        ours, theirs = socket.socketpair()
+        gen = pmi._generation + 1
+        proxy = FakeProxy(theirs, MPICH4, {}, barrier=False, rank=0, get_delay=0.15)
+        proxy.kvs.update({key(r, gen): "h" for r in range(1, 8) if r != absent})
+        proxy.start()
+        found = pmi.Offer("fd", "test", fd=ours.fileno(), rank=0, size=8)
+        t0 = time.monotonic()
+        with pytest.raises(pmi.PMIError) as info:
+            pmi.exchange({}, timeout=2, found=found)
+        took = time.monotonic() - t0
+        waits.within(2)
+        assert took <= 2 + LATE, took
+        m = re.search(said, str(info.value))
+        assert m, str(info.value)
+        first_unread = int(m.groups()[-1])
+        # the reserve is a quarter of 2 s: about 0.5 / 0.15 keys read, never all 8
+        assert 2 <= first_unread <= 5, str(info.value)
+        if len(m.groups()) == 2:
+            assert int(m.group(1)) == first_unread - 1
+        gets = [line for line in proxy.seen if line.startswith("cmd=get ")]
+        assert first_unread <= len(gets) <= first_unread + 1, gets  # the last one unanswered
         ours.close()
 
 
