@@ -219,7 +219,9 @@ def test_a_rank_that_never_comes_is_named_within_the_timeout(need, tmp_path, mod
     for r in records:
         assert r["error"] is not None and "\n" not in r["error"], r  # one line
         assert f"timed out after {timeout} s on rank {r['rank']}" in r["error"], r
-        assert r["elapsed"] <= timeout + 0.5, r
+        # complete()'s own work before the exchange's clock is counted too; a wait ended up
+        # to 0.71 s late on a loaded 2-core machine (tests/unit/test_pmi.py, LATE)
+        assert r["elapsed"] <= timeout + 2.0, r
         assert r["elapsed"] >= timeout * 0.7, r  # it did wait for the others
         # waiting in the barrier costs no CPU (a socket wait, not a poll loop); the bound is
         # 5% of the wait, imports and the exchange's own work included
