@@ -739,6 +739,9 @@ def _missing_message(conn: _Conn, kvs: str, key: str, rank: int, size: int, time
         elif missing:
             who = (f"rank(s) {shown} have not all reached it (Hydra publishes a node's ranks "
                    "together once all of them came: one or more of these never did)")
+        elif read == size:
+            who = ("every rank's host is there, yet not every rank reached the barrier (one died "
+                   "or hangs right after publishing its host)")
         else:
             who = "not every rank reached it"
         if read < size:  # the time ran out first: name what was read, and what was not

@@ -208,6 +208,8 @@ def test_a_barrier_that_never_ends_names_the_missing_rank_in_time(no_watcher, wa
     """Rank 0 reads every rank's key and names the missing one; every other rank reads rank
     0's key alone (a constant number of requests per rank, not N) and points at rank 0."""
     for rank, present, said in ((0, (1, 2), "rank 3 never reached it"),
+                                (0, (1, 2, 3), "every rank's host is there, yet not every rank "
+                                               "reached the barrier"),
                                 (1, (0, 2), "rank 0 came; its error names the ranks that did not"),
                                 (1, (2,), "rank 0's host did not appear")):
         waits.reads.clear()
