@@ -14,6 +14,9 @@ Every rank resolves its launch first (`distenv.resolve()`), then according to MO
                     all_reduce with init_process_group(timeout=$JOB_PG_TIMEOUT)
 
 $JOB_INIT_TIMEOUT (seconds), if set, is passed as init_process_group(timeout=...).
+$JOB_MEET_DIR and $JOB_MEET_COUNT, if set: before the rendezvous, every rank leaves a file in
+the directory and waits (up to 120 s) until there are that many: the ranks of concurrent jobs
+then all rendezvous at the same time, however late a launcher started one (record: "met").
     fail-once       under torchrun: rank $JOB_VICTIM exits 1 in the first attempt
                     (TORCHELASTIC_RESTART_COUNT=0); every rank of the next attempt does
                     `allreduce`
@@ -44,6 +47,18 @@ def emit(out: dict) -> None:
     out["t_start"], out["t_end"] = round(START, 3), round(time.time(), 3)
     sys.stdout.write(MARK + json.dumps(out, sort_keys=True) + "\n")
     sys.stdout.flush()
+
+
+def meet(directory: str, count: int, limit: float = 120.0) -> bool:
+    """Leave this rank's file in `directory`; wait until `count` files are there (True) or
+    `limit` seconds passed (False)."""
+    open(os.path.join(directory, f"{socket.gethostname()}.{os.getpid()}"), "w").close()
+    deadline = time.monotonic() + limit
+    while len(os.listdir(directory)) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def main(mode: str) -> int:
@@ -87,6 +102,8 @@ def main(mode: str) -> int:
             kwargs["timeout"] = float(os.environ.get("JOB_PG_TIMEOUT", "10"))
         if os.environ.get("JOB_INIT_TIMEOUT"):
             kwargs["timeout"] = float(os.environ["JOB_INIT_TIMEOUT"])
+        if os.environ.get("JOB_MEET_DIR"):
+            out["met"] = meet(os.environ["JOB_MEET_DIR"], int(os.environ["JOB_MEET_COUNT"]))
         t_init = time.monotonic()
         try:
             distenv.torch.init_process_group("gloo", **kwargs)

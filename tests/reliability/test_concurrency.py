@@ -1,7 +1,10 @@
 """Concurrent jobs on one machine: two, then four, simultaneous 2-process jobs under each
 launcher all finish with a gloo all_reduce through `distenv.torch.init_process_group`.
 
-The jobs of one test are released together (a barrier) and their ranks' lifetimes are
+The jobs of one test are released together (a barrier), and their ranks meet before the
+rendezvous (rank_job.py, JOB_MEET_DIR): a launcher that starts its job late (torchrun under a
+full test run's load: the first job's ranks had ended before the last job's started, seen in a
+two-worker run) cannot turn the test into jobs run one after another. Their lifetimes are
 checked to overlap. Each job's master port comes from the port rule (`distenv.ports`):
 Open MPI's job id, the PMIx namespace, Intel MPI's UUID, SLURM's job.step; torchrun
 --standalone picks a free port and passes it as MASTER_PORT. MPICH reveals no job id, so
@@ -29,15 +32,17 @@ def layout(launcher):
 
 @pytest.mark.parametrize("count", [2, 4])
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_simultaneous_jobs_all_finish(request, launcher, count):
+def test_simultaneous_jobs_all_finish(request, tmp_path, launcher, count):
     lay = layout(launcher)
     why = jobs.unavailable(request, lay)
     if why:
         pytest.skip(why)
     ports = jobs.free_ports(count)
+    meet = tmp_path / "meet"
+    meet.mkdir()
     specs = []
     for i in range(count):
-        env = {"DISTENV_TIMEOUT": "120"}
+        env = {"DISTENV_TIMEOUT": "120", "JOB_MEET_DIR": str(meet), "JOB_MEET_COUNT": str(2 * count)}
         if launcher.startswith("mpich"):
             env["MASTER_PORT"] = str(ports[i])  # the documented rule: MPICH has no job id
         specs.append(jobs.Spec(f"{launcher}-{i}", lay, "allreduce", env, timeout=240))
@@ -50,6 +55,7 @@ def test_simultaneous_jobs_all_finish(request, launcher, count):
         assert [x.get("rank") for x in recs] == [0, 1], r.describe()
         for x in recs:
             assert x["ok"] and x["sum"] == 3 and x["world_size"] == 2, x
+            assert x["met"], ("the other jobs' ranks did not all come within 120 s", x)
             assert x["resolved"]["launcher"] == lay.expect, x["resolved"]
         ports_seen = {x["resolved"]["master_port"] for x in recs}
         assert len(ports_seen) == 1, (name, ports_seen)
