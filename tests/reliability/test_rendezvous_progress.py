@@ -2,7 +2,9 @@
 joined and which ones it waits for, through the logger ``distenv.torch``; with no logging
 configured by the application, distenv's own handler prints it on stderr.
 
-A real 2-rank Open MPI job in which rank 1 starts its init_process_group 16 s after rank 0.
+A real 2-rank Open MPI job in which rank 1 starts its init_process_group 16 s after rank 0
+(counted from a file rank 0 leaves just before its own: how long each rank takes to import
+torch on a loaded machine does not move it).
 """
 from __future__ import annotations
 
@@ -20,8 +22,13 @@ SCRIPT = f"""
 import json, os, sys, time
 import torch, torch.distributed as dist
 import distenv.torch
+ready = os.path.join(os.environ["JOB_DIR"], "rank0-waits")
 if int(os.environ["OMPI_COMM_WORLD_RANK"]) == 1:
+    while not os.path.exists(ready):
+        time.sleep(0.05)
     time.sleep({LATE})
+else:
+    open(ready, "w").close()
 env = distenv.torch.init_process_group()
 t = torch.full((1,), float(env.rank + 1))
 dist.all_reduce(t)
@@ -29,13 +36,14 @@ sys.stdout.write("DISTENV-PROBE " + json.dumps({{"rank": env.rank, "sum": t.item
 """
 
 
-def test_rank_0_logs_who_is_missing_while_it_waits(request):
+def test_rank_0_logs_who_is_missing_while_it_waits(request, tmp_path):
     lay = jobs.local("openmpi4", 2)
     why = jobs.unavailable(request, lay)
     if why:
         pytest.skip(why)
     res = harness.launch(lay, [jobs.PY, "-c", SCRIPT], timeout=240, check=False,
-                         env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "DISTENV_AUTO": "0"})
+                         env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "DISTENV_AUTO": "0",
+                              "JOB_DIR": str(tmp_path)})
     files = res["files"]
     records = {r["rank"]: r for out, _err in files.values() for r in harness.parse_records(out)}
     text = "\n".join(f"--- {n}: {out[-1500:]}\n{err[-3000:]}" for n, (out, err) in files.items())
