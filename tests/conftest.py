@@ -136,20 +136,9 @@ def xdist_unit(nodeid: str) -> str:
     return "launchers" if path.startswith(SERIAL) else path
 
 
-def xdist_rank(unit: str) -> int:
-    """When a unit is handed out: the longest first (launchers, about half the suite; then
-    the end-to-end modules, minutes each), the many short unit-test modules last, so both
-    workers end together. xdist's own order (most tests first) left the end-to-end modules,
-    which have few tests each, for the end."""
-    if unit == "launchers":
-        return 0
-    return 1 if unit.startswith("tests/e2e/") else 2 if unit.startswith(("tests/docs/", "tests/packaging/")) else 3
-
-
 class _XdistUnits:
     """pytest-xdist's own groups (--dist loadgroup) do nothing under pytest 9.2 (xdist 3.8
-    renames item._nodeid, which pytest 9.2 no longer reads): a scheduler of our own units,
-    handed out in `xdist_rank` order."""
+    renames item._nodeid, which pytest 9.2 no longer reads): a scheduler of our own units."""
 
     @pytest.hookimpl
     def pytest_xdist_make_scheduler(self, config, log):
@@ -158,15 +147,6 @@ class _XdistUnits:
         class Units(LoadScopeScheduling):
             def _split_scope(self, nodeid):
                 return xdist_unit(nodeid)
-
-            def _assign_work_unit(self, node):
-                # xdist hands out the queue's first unit: order the queue first (a stable sort,
-                # xdist's own order within a rank). Only the queue: the workers' collections
-                # must stay as collected, xdist sends them indices into those.
-                queue = sorted(self.workqueue.items(), key=lambda unit: xdist_rank(unit[0]))
-                self.workqueue.clear()
-                self.workqueue.update(queue)
-                super()._assign_work_unit(node)
 
         return Units(config, log)
 

@@ -33,13 +33,3 @@ def test_every_module_marked_launcher_outside_e2e_is_in_the_serial_unit():
         with open(path, encoding="utf-8") as fh:
             if "mark.launcher" in fh.read():
                 assert unit(rel + "::t") == "launchers", rel
-
-
-def test_units_are_handed_out_longest_first():
-    """The serial launcher unit first, then end-to-end modules, docs and packaging, and the
-    short unit-test modules last (so both workers end together, not one on an e2e module)."""
-    rank = _conftest().xdist_rank
-    order = ["launchers", "tests/e2e/test_jax_e2e.py", "tests/docs/test_runnable_docs.py",
-             "tests/unit/test_hostlist.py"]
-    assert [rank(u) for u in order] == sorted(rank(u) for u in order)
-    assert len({rank(u) for u in order}) == 4
