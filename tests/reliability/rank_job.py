@@ -12,16 +12,16 @@ Every rank resolves its launch first (`distenv.resolve()`), then according to MO
     hang-before     rank $JOB_VICTIM sleeps (until killed) before the rendezvous
     hang-collective every rank joins; rank $JOB_VICTIM then sleeps while the others
                     all_reduce with init_process_group(timeout=$JOB_PG_TIMEOUT)
-
-$JOB_INIT_TIMEOUT (seconds), if set, is passed as init_process_group(timeout=...).
-$JOB_MEET_DIR and $JOB_MEET_COUNT, if set: before the rendezvous, every rank leaves a file in
-the directory and waits (up to 120 s) until there are that many: the ranks of concurrent jobs
-then all rendezvous at the same time, however late a launcher started one (record: "met").
     fail-once       under torchrun: rank $JOB_VICTIM exits 1 in the first attempt
                     (TORCHELASTIC_RESTART_COUNT=0); every rank of the next attempt does
                     `allreduce`
     fail-once-after as fail-once, but the victim fails after the first attempt's
                     rendezvous and all_reduce (a crash during training)
+
+$JOB_INIT_TIMEOUT (seconds), if set, is passed as init_process_group(timeout=...).
+$JOB_MEET_DIR and $JOB_MEET_COUNT, if set: before the rendezvous, every rank leaves a file in
+the directory and waits (up to 120 s) until there are that many: the ranks of concurrent jobs
+then all rendezvous at the same time, however late a launcher started one (record: "met").
 
 Prints one record after the marker ``DISTENV-PROBE `` (whatever happens): hostname, pid,
 mode, resolved fields and notes, restart count, ok, sum, error (type: message), seconds
