@@ -59,8 +59,16 @@ def _held_port():
     return s, s.getsockname()[1]
 
 
+#: The CPU op DeepSpeed's TorchBackend JIT-compiles at init_distributed, built once by
+#: integrations/frameworks/deepspeed.sh (docs/frameworks/deepspeed.md). Without it every run
+#: compiles into ~/.cache/torch_extensions: about a minute on a quiet 2-core machine, past the
+#: 150 s limit under a CI run's load (where both tests once timed out with no record).
+EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(VENV / "torch-extensions")
+
+
 def _env(**extra):
-    env = harness.clean_env({"PYTHONUNBUFFERED": "1", "DISTENV_TIMEOUT": "90", **extra})
+    env = harness.clean_env({"PYTHONUNBUFFERED": "1", "DISTENV_TIMEOUT": "90",
+                             "TORCH_EXTENSIONS_DIR": EXTENSIONS, **extra})
     env.pop("PYTHONPATH", None)
     return env
 
@@ -111,6 +119,9 @@ def test_deepspeed_runner_openmpi_two_nodes(cluster, tmp_path):
     out.mkdir()
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    # mpirun passes no environment to node2's ranks unless exported: the runner exports what a
+    # .deepspeed_env in its working directory names (runner.py DEEPSPEED_ENVIRONMENT_PATHS)
+    (tmp_path / ".deepspeed_env").write_text(f"TORCH_EXTENSIONS_DIR={EXTENSIONS}\n")
     env = _env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     # The runner calls `ssh` from PATH (runner.py: `ssh -o PasswordAuthentication=no HOST
     # hostname`, then `ssh HOST hostname -I`).
