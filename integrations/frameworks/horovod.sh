@@ -7,7 +7,7 @@
 # torch 2.13: integrations/frameworks/horovod_patch.py applies them to the downloaded sdist
 # only (nothing of Horovod is kept in this repository). The build must see the venv's
 # torch, hence --no-build-isolation (with wheel/packaging/setuptools installed first).
-# Compiling takes ~10 CPU-minutes (docs/frameworks/horovod.md has the measured figures).
+# Compiling takes ~5 CPU-minutes at -O0 (docs/frameworks/horovod.md has the measured figures).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 cd "$DISTENV_REPO_DIR"
