@@ -9,8 +9,9 @@ the two namespace nodes, MPICH on the two nodes (JAX detects nothing there, and 
 where process 0 runs: distenv asks Hydra's key-value service), srun on two nodes, torchrun (JAX
 detects nothing there either), and a per-node launch -- one Open MPI process per node with
 DISTENV_NPROC_PER_NODE=2: one JAX process per node owning 2 XLA CPU devices, 4 devices in all.
-JAX runs in every cell, Keras in three (KERAS_CELLS). The Keras cells also check the chief-aware callbacks (one checkpoint and one CSV log at the
-user's path, no worker's temporary directory left).
+JAX runs in every cell, Keras in three (KERAS_CELLS). The Keras cells also check the
+chief-aware callbacks (one checkpoint and one CSV log at the user's path, no worker's temporary
+directory left).
 
 Zero code: the examples with their distenv lines removed (tests/e2e/scripts/plain_jax.py: a bare
 `jax.distributed.initialize()`; plain_keras3_jax.py: a bare `keras.distribution.initialize()`)
@@ -92,8 +93,8 @@ CELLS = {  # cell -> (layout, processes, devices, hosts per process or None for 
 #: The Keras cells: Keras's launcher handling is distenv.jax's plan (distenv.keras._args), so
 #: the JAX cells carry every launcher; Keras runs where its own code differs: one node, the
 #: MPICH cell (its own discovery call, keras.initialize), the per-node cell (devices per
-#: process), and torchrun in test_zero_code (its patch). Keras on every cell took about a
-#: minute more of a CI run for no branch of Keras's code.
+#: process), and torchrun in test_zero_code (its patch). Keras on every cell ran three more
+#: 2-process jobs for no branch of Keras's code.
 KERAS_CELLS = ("openmpi4-np2", "mpich4-2nodes", "per-node-2nodes")
 COST = {"openmpi4-2nodes": 3, "mpich4-2nodes": 3, "srun-2nodes": 3, "per-node-2nodes": 3,
         "torchrun-nproc2": 3}
