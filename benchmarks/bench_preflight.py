@@ -24,7 +24,8 @@ Scenarios, each measured in this one run:
   last of the others does (each reads process 0's one answer), and requests per process.
 
 Goals (issue 32, item 1): each meeting within 30 s; a missing peer named within the timeout
-(plus the pace a peer waits between two requests) by process 0 and by every peer, with a
+(plus 4 s and 1.5 times the pace a peer waits between two requests) by every peer and by
+process 0 (which returns once the peers have its answer), with a
 number of requests per peer that does not grow with the number of peers (the star's bound:
 2 + log1.5(pace / FIRST_PAUSE) + 2 x (timeout + grace) / pace; torch's store: at most 8).
 The last line: `preflight: N of M goals met`. Exit status 0 either way: this reports, the tests
@@ -372,9 +373,12 @@ def _figures(name: str, kind: str, size: int, r: dict, timeout: float, missing: 
                  f"{max(requests)}, mean {sum(requests) / len(requests):.1f} (bound {bound})")
     if not host_named:
         lines.append(f"    process 0 said: {host.get('error', host)}"[:600])
-    goals.append((f"{name}: process 0 names the missing peer within the timeout",
-                  bool(host_named) and timeout - 0.5 <= host_took <= timeout + slack))
-    goals.append((f"{name}: every peer names it within the timeout + {slack:.1f} s",
+    # Process 0 decides at its deadline but returns only once every peer that came has the
+    # answer (or after preflight.LINGER): it ends with the last peer, so it gets the peers'
+    # bound. (Measured in a two-worker test run: 7.4 s for a 4 s timeout, the last peer in time.)
+    goals.append((f"{name}: process 0 names the missing peer within the timeout + {slack + 2.0:.1f} s",
+                  bool(host_named) and timeout - 0.5 <= host_took <= timeout + slack + 2.0))
+    goals.append((f"{name}: every peer names it within the timeout + {slack + 2.0:.1f} s",
                   len(peers_named) == len(peers) and last <= timeout + slack + 2.0))
     goals.append((f"{name}: requests per peer <= {bound}", max(requests) <= bound))
     return lines, goals

@@ -2,9 +2,9 @@
 1 000 simulated peers of the star (JAX, Horovod), 256 TensorFlow workers and 1 000 ranks of
 torch's meeting protocol, every process under RLIMIT_NOFILE 1024 (soft and hard for the star
 and TensorFlow: process 0 cannot hold a socket per peer). Each meets within 30 s; a missing
-peer is named by process 0 and by every peer within the timeout (plus a pace), each peer
-making at most the documented number of requests. The benchmark itself runs 4 000 peers and
-1 024 workers (figures in benchmarks/README.md)."""
+peer is named by process 0 and by every peer within the timeout (plus 4 s and 1.5 paces),
+each peer making at most the documented number of requests. The benchmark itself runs 4 000
+peers and 1 024 workers (figures in benchmarks/README.md)."""
 from __future__ import annotations
 
 import json
