@@ -17,8 +17,8 @@ Horovod 0.28.1 (2023, the last release) does not build against today's framework
    breaks under tf-keras; they are made to use tf.keras.backend, which is tf-keras whenever
    TF_USE_LEGACY_KERAS=1. (Python only; harmless for a torch-only build.)
 
-And one build setting, for the machines that build it to test distenv (not a fix): the C++
-is compiled at -O0 without debug information instead of RelWithDebInfo's -O3 -g (which
+And one build setting, for the machines that build it to test distenv (not a fix): the C and
+C++ are compiled at -O0 without debug information instead of RelWithDebInfo's -O3 -g (which
 CMakeLists.txt forces after any CXXFLAGS). Measured here, the same sdist and venv, -j2: 292 s
 and 533 CPU-s at -O3 -g, 179 s and 309 CPU-s at -O0; the compile is the critical path of
 integrations/setup.sh. The tests move tensors of a few numbers, where the C++'s speed does
