@@ -1,5 +1,6 @@
-"""Concurrent jobs on one machine: two, then four, simultaneous 2-process jobs under each
-launcher all finish with a gloo all_reduce through `distenv.torch.init_process_group`.
+"""Concurrent jobs on one machine: four simultaneous 2-process jobs under each launcher all
+finish with a gloo all_reduce through `distenv.torch.init_process_group`. (Two at once ran
+here too: every check of two is a check of four, so four alone; 55 CPU-s of a full run less.)
 
 The jobs of one test are released together (a barrier), and their ranks meet before the
 rendezvous (rank_job.py, JOB_MEET_DIR): a launcher that starts its job late (torchrun under a
@@ -30,7 +31,7 @@ def layout(launcher):
     return jobs.torchrun(2) if launcher == "torchrun" else jobs.local(launcher, 2)
 
 
-@pytest.mark.parametrize("count", [2, 4])
+@pytest.mark.parametrize("count", [4])
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_simultaneous_jobs_all_finish(request, tmp_path, launcher, count):
     lay = layout(launcher)
