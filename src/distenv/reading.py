@@ -87,15 +87,16 @@ def parse_json(raw: str, name: str) -> Any:
 class Reading:
     """Fields a source found, each with why. Mutable while resolving, then frozen into DistEnv."""
 
-    __slots__ = ("values", "why", "notes", "launch", "owns", "port_key", "nproc_source", "addr_explicit",
-                 "nproc_from_world")
+    __slots__ = ("values", "why", "notes", "launch", "owns", "node_order", "port_key", "nproc_source",
+                 "addr_explicit", "nproc_from_world")
 
     def __init__(self) -> None:
         self.values: "dict[str, Any]" = {}
         self.why: "dict[str, str]" = {}
         self.notes: "list[str]" = []
         self.launch: "str | None" = None  # "per-process" / "per-node"; None until a source decides
-        self.owns: "tuple[str, ...]" = ()  # canonical variables the source read with its own meaning
+        self.owns: "tuple[str, ...]" = ()  # canonical variables the launcher's source reads with its own meaning
+        self.node_order = ""  # the launcher's source's node_order: set when it numbers nodes by no host list
         self.port_key: "str | None" = None  # job identity for deriving a port every rank agrees on
         self.nproc_source: "tuple[str, str] | None" = None  # (raw value, why) of a platform's own processes-per-node hint
         self.addr_explicit = False  # the master address was named outright (not inferred)

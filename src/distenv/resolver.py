@@ -67,6 +67,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     source, why = _choose(env, overrides.pop("launcher", None))
     source.read(env, r)
     r.default("launcher", source.name, why)
+    r.owns, r.node_order = source.owns, source.node_order  # what a platform overlay must respect
     _platform(env, r, source, overrides.pop("platform", None))
 
     for field, value in overrides.items():

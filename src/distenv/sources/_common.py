@@ -3,6 +3,8 @@
 block_layout's proof is the calling platform's documented layout (docs/inferences.md);
 address_lines reads the node lists SkyPilot and dstack document (line k: node rank k);
 check_master refuses a MASTER_ADDR that names another node of such a list than node 0;
+platform_master and platform_hosts keep a platform's master node and host order from
+overriding what the launcher inside it says of its own ranks;
 NodeList is what those two per-node platforms share (the node index, the placement rule).
 """
 
@@ -86,6 +88,30 @@ def check_master(env: "Env", hosts: "tuple[str, ...]", why: str) -> None:
         f"MASTER_ADDR={show(given)} is node {hosts.index(given)}'s address in {why}, but rank 0 "
         f"runs on node 0 ({hosts[0]}). Fix: unset MASTER_ADDR (distenv takes node 0's address "
         f"from {why}), or set it to node 0's address.")
+
+
+def platform_master(r: Reading, addr: str, what: str, why: str) -> None:
+    """The master node a platform names (`what`: which, for a note; `why`: the provenance), where the platform itself
+    starts rank 0 -- unless the launcher inside the job set its own MASTER_ADDR (torchrun, the
+    DeepSpeed launcher): that one names where its rank 0 runs, and the platform's node does
+    not (torchrun's c10d rendezvous gives group rank 0 to any node, measured; the rank-0 agent
+    then passes its own address). The launcher's then stays, with a note when they differ."""
+    own = r.get("master_addr") if "MASTER_ADDR" in r.owns else None
+    if own is None:
+        r.set("master_addr", addr, why)
+        r.addr_explicit = True
+    elif own != addr:
+        r.notes.append(f"{what} is {addr}, but the launcher's own "
+                       f"{r.why['master_addr']} names rank 0's host: {own} is used")
+
+
+def platform_hosts(r: Reading, hosts: "list[str]", why: str) -> None:
+    """A platform's host list as `hosts` (node k = k-th host), unless the launcher numbers its
+    nodes by no host list (its source's node_order, e.g. torchrun's rendezvous order): then
+    only the node count, since node k need not be the k-th host."""
+    if not r.node_order:
+        r.default("hosts", hosts, why)
+    r.default("num_nodes", len(hosts), why)
 
 
 class NodeList(Source):

@@ -7,8 +7,10 @@ OMPI_COMM_WORLD_NODE_RANK is not a node rank; with process_count_per_node=1 an M
 a per-node launch (OMPI_COMM_WORLD_RANK = node rank), which the resolver handles when
 several GPUs are visible or DISTENV_NPROC_PER_NODE asks for more workers per node.
 
-Inferred (docs/inferences.md): master from Azure's own master-node variables; block
-layout (the same count per node, in rank order) for MPI and PyTorch jobs.
+Inferred (docs/inferences.md): master from Azure's own master-node variables, unless the
+launcher inside the job set its own MASTER_ADDR (torchrun, DeepSpeed: their rank 0 need not
+be on Azure's master node); block layout (the same count per node, in rank order) for MPI and
+PyTorch jobs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from ..errors import DistEnvError
 from ..reading import show
 from . import Source
-from ._common import block_layout
+from ._common import block_layout, platform_hosts, platform_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -42,16 +44,15 @@ class AzureML(Source):
                                    "Fix: leave it as Azure ML writes it, or unset it.")
             # Azure starts rank 0 on this node. Its port is reserved for the Batch service
             # ("do not use it for MPI or NCCL"), so only the address is taken.
-            r.set("master_addr", addr, "AZ_BATCH_MASTER_NODE (Azure ML's master node)")
-            r.addr_explicit = True
+            platform_master(r, addr, "Azure ML's master node (AZ_BATCH_MASTER_NODE)",
+                            "AZ_BATCH_MASTER_NODE (Azure ML's master node)")
         elif env.get("AZ_BATCHAI_MPI_MASTER_NODE"):
-            r.set("master_addr", env["AZ_BATCHAI_MPI_MASTER_NODE"],
-                  "AZ_BATCHAI_MPI_MASTER_NODE (Azure ML's master node)")
-            r.addr_explicit = True
+            platform_master(r, env["AZ_BATCHAI_MPI_MASTER_NODE"],
+                            "Azure ML's master node (AZ_BATCHAI_MPI_MASTER_NODE)",
+                            "AZ_BATCHAI_MPI_MASTER_NODE (Azure ML's master node)")
         hosts = [h.strip() for h in env.get("AZ_BATCH_HOST_LIST", "").split(",") if h.strip()]
         if hosts:
-            r.default("hosts", hosts, "AZ_BATCH_HOST_LIST")
-            r.default("num_nodes", len(hosts), "AZ_BATCH_HOST_LIST")
+            platform_hosts(r, hosts, "AZ_BATCH_HOST_LIST")
         size, nodes = r.get("world_size"), r.get("num_nodes")
         if r.get("launcher") == "env" and r.get("local_world_size") is None and size and nodes \
                 and size % nodes == 0:

@@ -17,7 +17,7 @@ from ..description import PER_NODE
 from ..errors import DistEnvError
 from ..reading import get_int, parse_json, show
 from . import Source
-from ._common import block_layout
+from ._common import block_layout, platform_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -84,13 +84,14 @@ class SageMaker(Source):
         names = hosts(env)
         if not names:
             return
-        r.default("hosts", names, "SM_HOSTS")
+        if not r.node_order:
+            r.default("hosts", names, "SM_HOSTS")
         if len(names) > 1:
             # SageMaker runs mpirun on hosts[0] with `-H algo-1:N,algo-2:N,...`: rank 0 is
             # there and every host runs N ranks in order. SM_CURRENT_HOST cannot tell the
             # node: mpirun -x copies the master's value to every rank.
-            r.set("master_addr", names[0], "first host of SM_HOSTS (SageMaker runs mpirun there)")
-            r.addr_explicit = True
+            platform_master(r, names[0], "SageMaker's first host (SM_HOSTS)",
+                            "first host of SM_HOSTS (SageMaker runs mpirun there)")
             if r.get("launcher") == "openmpi":
                 r.default("num_nodes", len(names), "SM_HOSTS")
                 block_layout(r, "SageMaker's mpirun places processes_per_host ranks on each host in order")
