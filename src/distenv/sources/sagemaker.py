@@ -4,7 +4,8 @@ SM_HOSTS (JSON list, e.g. ["algo-1","algo-2"]) and SM_CURRENT_HOST name the node
 Without a distribution option SageMaker runs the entry point once per host: a per-node
 launch (its own torchrun runner uses hosts[0] as master and node_rank = hosts.index).
 With `mpi` it runs mpirun from the first host over the hosts in SM_HOSTS order, so the
-Open MPI source answers and this platform adds the host list and the master host.
+Open MPI source answers and this platform adds the host list and the master host. Its
+TensorFlow toolkit writes TF_CONFIG (one task per host): the TF_CONFIG source answers.
 
 Inferred (docs/inferences.md): master = first host of SM_HOSTS (SageMaker's own runner;
 its mpirun runs there, where Open MPI 4 maps rank 0); with mpirun, the block layout
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from ..description import PER_NODE
 from ..errors import DistEnvError
+from ..knobs import NPROC_PER_NODE
 from ..reading import get_int, parse_json, show
 from . import Source
 from ._common import block_layout, platform_master
@@ -64,7 +66,12 @@ class SageMaker(Source):
     prefixes = ('SM_', 'TRAINING_JOB_NAME', 'AWS_')  # AWS_: the doctor shows them (redacted)
 
     def detect(self, env: "Env") -> bool:
-        return "SM_CURRENT_HOST" in env
+        # SageMaker's TensorFlow toolkit (parameter_server, multi_worker_mirrored distributions)
+        # starts one process per host with a TF_CONFIG naming its task (_build_tf_config,
+        # master/worker/ps): each task is one process, which the TF_CONFIG source reads. Asked
+        # for several workers per host (DISTENV_NPROC_PER_NODE), the host is a node whatever
+        # TF_CONFIG says.
+        return "SM_CURRENT_HOST" in env and ("TF_CONFIG" not in env or bool(env.get(NPROC_PER_NODE)))
 
     def read(self, env: "Env", r: "Reading") -> None:
         names = hosts(env)
