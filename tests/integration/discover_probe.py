@@ -62,7 +62,8 @@ def discover_mode(lib: "str | None") -> None:
 
     before = distenv.resolve()
     record = {"truth": truth(), "pid": os.getpid(), "had_master_env": had_master,
-              "before": before.to_dict(), "before_notes": list(before.notes)}
+              "before": before.to_dict(), "before_notes": list(before.notes),
+              "pals": {k: v for k, v in os.environ.items() if k.startswith("PALS_")}}
     t0 = time.monotonic()
     try:
         env = distenv.discover()

@@ -118,6 +118,26 @@ def test_cray_shasta_every_field_from_the_apinfo_file(need, shape):
         assert {r["before"]["master_addr"] for r in records} == {None}
 
 
+def _nested_pmix_in_cray(cmd, extra):
+    """A one-task cray_shasta step whose task starts a pmix step: srun passes its PALS_*
+    variables (step 0's, rank 0's, its apinfo file) to every task of the inner step."""
+    return ["salloc", "-N2", "-n4", "srun", "--mpi=cray_shasta", "-N1", "-n1", "-w", "node1",
+            "srun", "--mpi=pmix", "--overlap", *harness.ARBITRARY, *extra, *cmd]
+
+
+def test_a_pmix_step_inside_a_cray_step_ignores_the_outer_steps_pals_variables(need):
+    """Every task of the inner step carries PALS_RANKID=0 and PALS_APID=<job>.0 (measured
+    here): before, distenv read them as PALS's and gave every task rank 0. PALS_APID naming
+    another step of the job makes them the outer step's: SLURM's variables give the ranks, and
+    discovery asks the inner step's PMIx server, not the outer step's apinfo file."""
+    lay = need(Layout("slurm", "nested-pmix-in-cray", "slurm2", 4, "slurm", "slurm",
+                      _nested_pmix_in_cray, NODES))
+    records = records_of(lay, [harness.PY, PROBE, "discover"])
+    for r in records:  # the premise: the outer step's PALS variables reached every task
+        assert r["pals"].get("PALS_RANKID") == "0" and r["pals"]["PALS_APID"].endswith(".0"), r
+    check_discovered(records, ARBITRARY_HOSTS, "PMIx placement")
+
+
 # -- srun --mpi=pmi2: the stepd's PMI-1, then MPICH's MPI_Init ------------------------------------------
 def test_pmi2_arbitrary_discovery_then_mpi_init_20_times_in_a_row(need):
     lay = need(harness.LAYOUTS["slurm-N2-n4-pmi2-arbitrary"])

@@ -56,15 +56,44 @@ _SLURM_JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOBID")
 _SLURM_GROUP_PREFIXES = ("SLURM_JOB_ID_PACK_GROUP_", "SLURM_JOB_ID_HET_GROUP_")
 
 
+def _slurm_step(env: "Env") -> "tuple[str, set[str]] | None":
+    """(this SLURM task's step id, its job ids) in a step, else None."""
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    if step is None or "SLURM_PROCID" not in env:
+        return None
+    jobs = {env[v] for v in _SLURM_JOB_VARS if env.get(v)}
+    jobs.update(env[k] for k in env if k.startswith(_SLURM_GROUP_PREFIXES) and env[k])
+    return step, jobs
+
+
+def other_step(env: "Env") -> "str | None":
+    """The step PALS_APID names when it is another step of this SLURM task's job than its own,
+    else None. SLURM's cray_shasta plugin sets PALS_APID=<job>.<step> for its own step only,
+    and srun passes the caller's environment on: a task of `srun --mpi=pmix` started by a
+    script that itself runs in a cray_shasta step carries that step's PALS_* variables, which
+    say nothing of this task (rank, apinfo file)."""
+    here = _slurm_step(env)
+    if here is None:
+        return None
+    step, jobs = here
+    apid = env.get("PALS_APID", "")
+    for job in jobs:
+        if apid.startswith(job + ".") and apid[len(job) + 1:] != step:
+            return apid[len(job) + 1:]
+    return None
+
+
 def carried_by(env: "Env") -> "str | None":
     """The launcher ("slurm", "flux") whose task these PALS variables describe, where its own
     variables prove it (module docstring), else None. A SLURM step whose PALS_APID matches
-    but whose PALS_RANKID does not is a mix of two launches: an error."""
+    but whose PALS_RANKID does not is a mix of two launches: an error. PALS variables of
+    another step of the job (`other_step`) leave the task to SLURM too."""
     apid, rank = env.get("PALS_APID", ""), env.get("PALS_RANKID")
-    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
-    if step is not None and "SLURM_PROCID" in env:
-        jobs = {env[v] for v in _SLURM_JOB_VARS if env.get(v)}
-        jobs.update(env[k] for k in env if k.startswith(_SLURM_GROUP_PREFIXES) and env[k])
+    here = _slurm_step(env)
+    if here is not None:
+        step, jobs = here
+        if other_step(env) is not None:
+            return "slurm"
         if any(apid == f"{job}.{step}" for job in jobs):
             if rank != env["SLURM_PROCID"]:
                 raise DistEnvError(

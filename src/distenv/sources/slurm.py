@@ -293,7 +293,18 @@ class Slurm(Source):
         """PMI-1 (``--mpi=pmi2``) in a heterogeneous step: the plugin does not join the
         components -- measured, SLURM 22.05, ``srun -w node2 : -w node1``: distenv's barrier
         never completed, and neither did MPICH's own MPI_Init without distenv -- so asking
-        would only wait for the timeout."""
+        would only wait for the timeout. The apinfo file of another step (`pals.other_step`):
+        it places that step's tasks, not this one's."""
+        if service == "apinfo":
+            from .pals import other_step
+
+            step = other_step(env)
+            if step is None:
+                return ""
+            return (f"PALS_APID={env.get('PALS_APID')} names step {step} of this job, not this "
+                    f"step ({env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}): its PALS "
+                    "variables and apinfo file came with the environment srun passed on. Fix: "
+                    "launch this step with srun --mpi=cray_shasta, or unset PALS_* before srun")
         if service != "pmi":
             return ""
         why = heterogeneous(env)

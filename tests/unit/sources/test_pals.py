@@ -106,3 +106,25 @@ def test_flux_cray_pals_tasks_are_flux_tasks():
     assert carried_by(env) == "flux"
     got = resolve(env)
     assert (got.launcher, got.rank, got.node_rank) == ("flux", 3, None)
+
+
+def test_pals_variables_of_another_step_of_the_job_are_left_to_slurm():
+    """A pmix step started from the one task of a cray_shasta step: every task carries step 0's
+    PALS_APID=<job>.0 and PALS_RANKID=0 (measured: tests/integration/test_hpc_interfaces.py::
+    test_a_pmix_step_inside_a_cray_step_ignores_the_outer_steps_pals_variables). They are the
+    outer step's: SLURM's variables give the rank, and its apinfo file is not asked."""
+    from distenv.sources.pals import other_step
+    from distenv.sources.slurm import SOURCE as SLURM
+
+    with open(CRAY[0]) as f:
+        env = dict(json.load(f)["ranks"][-1]["env"])
+    job = env["SLURM_JOB_ID"]
+    env.update({"SLURM_STEP_ID": "1", "SLURM_MPI_TYPE": "pmix", "PALS_RANKID": "0",
+                "PALS_APID": f"{job}.0"})
+    assert other_step(env) == "0" and carried_by(env) == "slurm"
+    got = resolve(env)
+    assert (got.launcher, got.rank) == ("slurm", int(env["SLURM_PROCID"])) and got.rank != 0
+    refused = SLURM.refuses("apinfo", env)
+    assert f"PALS_APID={job}.0 names step 0" in refused and "Fix:" in refused
+    env["SLURM_STEP_ID"] = "0"  # its own step: not another's, and the rank mix is an error
+    assert other_step(env) is None and SLURM.refuses("apinfo", env) == ""
