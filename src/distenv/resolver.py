@@ -507,6 +507,7 @@ _POSITIVE = ("world_size", "local_world_size", "num_nodes", "nproc_per_node")
 _LEAST = tuple((field, 1 if field in _POSITIVE else 0) for field in _COUNTS)
 # (a, b, strict): a < b when strict, else a <= b.
 _ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True),
+          ("local_rank", "world_size", True),  # also where the local world size is unknown
           ("node_rank", "num_nodes", True), ("local_world_size", "world_size", False),
           ("num_nodes", "world_size", False))
 

@@ -179,3 +179,12 @@ def test_azure_overlay_agrees_with_open_mpi():
     env = dict(LAUNCHERS["openmpi"][0], AZ_BATCHAI_MPI_MASTER_NODE="10.0.0.4", AZUREML_RUN_ID="x")
     got = resolve(env)
     assert (got.launcher, got.platform, got.master_addr) == ("openmpi", "azureml", "10.0.0.4")
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "1", "LOCAL_RANK": "3"},
+                                 {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "3"}])
+def test_local_rank_beyond_the_world_is_an_error(env):
+    """No local world size to compare with, but a local rank of 3 in a world of 1 cannot be
+    (it used to resolve, and would have picked GPU 3)."""
+    with pytest.raises(DistEnvError, match=r"local_rank=3 \(LOCAL_RANK=3\) must be below world_size=1"):
+        resolve(env)

@@ -78,6 +78,8 @@ def check_invariants(d):
         assert 0 <= d.rank < d.world_size
     if d.local_rank is not None and d.local_world_size is not None:
         assert 0 <= d.local_rank < d.local_world_size
+    if d.local_rank is not None and d.world_size is not None:
+        assert d.local_rank < d.world_size
     if d.local_world_size is not None and d.world_size is not None:
         assert d.local_world_size <= d.world_size
     if d.node_rank is not None and d.num_nodes is not None:
