@@ -95,8 +95,10 @@ class Reading:
         self.why: "dict[str, str]" = {}
         self.notes: "list[str]" = []
         self.launch: "str | None" = None  # "per-process" / "per-node"; None until a source decides
-        self.owns: "tuple[str, ...]" = ()  # canonical variables the launcher's source reads with its own meaning
-        self.node_order = ""  # the launcher's source's node_order: set when it numbers nodes by no host list
+        # The launcher's source's `owns` (canonical variables it reads with its own meaning) and
+        # `node_order` (set when it numbers nodes by no host list): what a platform must respect.
+        self.owns: "tuple[str, ...]" = ()
+        self.node_order = ""
         self.port_key: "str | None" = None  # job identity for deriving a port every rank agrees on
         self.nproc_source: "tuple[str, str] | None" = None  # (raw value, why) of a platform's own processes-per-node hint
         self.addr_explicit = False  # the master address was named outright (not inferred)

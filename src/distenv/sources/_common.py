@@ -91,8 +91,8 @@ def check_master(env: "Env", hosts: "tuple[str, ...]", why: str) -> None:
 
 
 def platform_master(r: Reading, addr: str, what: str, why: str) -> None:
-    """The master node a platform names (`what`: which, for a note; `why`: the provenance), where the platform itself
-    starts rank 0 -- unless the launcher inside the job set its own MASTER_ADDR (torchrun, the
+    """The master node a platform names (`what`: which, for a note; `why`: the provenance),
+    where the platform itself starts rank 0 -- unless the launcher inside the job set its own MASTER_ADDR (torchrun, the
     DeepSpeed launcher): that one names where its rank 0 runs, and the platform's node does
     not (torchrun's c10d rendezvous gives group rank 0 to any node, measured; the rank-0 agent
     then passes its own address). The launcher's then stays, with a note when they differ."""
