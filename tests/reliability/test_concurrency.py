@@ -1,6 +1,6 @@
 """Concurrent jobs on one machine: four simultaneous 2-process jobs under each launcher all
 finish with a gloo all_reduce through `distenv.torch.init_process_group`. (Two at once ran
-here too: every check of two is a check of four, so four alone; 55 CPU-s of a full run less.)
+here too: every check of two is a check of four, so four alone; 58 CPU-s of a full run less.)
 
 The jobs of one test are released together (a barrier), and their ranks meet before the
 rendezvous (rank_job.py, JOB_MEET_DIR): a launcher that starts its job late (torchrun under a

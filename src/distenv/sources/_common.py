@@ -105,13 +105,15 @@ def platform_master(r: Reading, addr: str, what: str, why: str) -> None:
                        f"{r.why['master_addr']} names rank 0's host: {own} is used")
 
 
-def platform_hosts(r: Reading, hosts: "list[str]", why: str) -> None:
+def platform_hosts(r: Reading, hosts: "list[str]", why: str, count: bool = True) -> None:
     """A platform's host list as `hosts` (node k = k-th host), unless the launcher numbers its
     nodes by no host list (its source's node_order, e.g. torchrun's rendezvous order): then
-    only the node count, since node k need not be the k-th host."""
+    only the node count (`count`: where the list is every node of the launch), since node k
+    need not be the k-th host."""
     if not r.node_order:
         r.default("hosts", hosts, why)
-    r.default("num_nodes", len(hosts), why)
+    if count:
+        r.default("num_nodes", len(hosts), why)
 
 
 class NodeList(Source):

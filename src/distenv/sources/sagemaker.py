@@ -19,7 +19,7 @@ from ..errors import DistEnvError
 from ..knobs import NPROC_PER_NODE
 from ..reading import get_int, parse_json, show
 from . import Source
-from ._common import block_layout, platform_master
+from ._common import block_layout, platform_hosts, platform_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ class SageMaker(Source):
         names = hosts(env)
         if not names:
             return
-        if not r.node_order:
-            r.default("hosts", names, "SM_HOSTS")
+        platform_hosts(r, names, "SM_HOSTS", count=False)  # the count: under mpirun only, below
         if len(names) > 1:
             # SageMaker runs mpirun on hosts[0] with `-H algo-1:N,algo-2:N,...`: rank 0 is
             # there and every host runs N ranks in order. SM_CURRENT_HOST cannot tell the
