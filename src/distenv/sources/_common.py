@@ -128,6 +128,8 @@ class NodeList(Source):
     rank_var = ""
     ips_var = ""
     started = ""
+    #: The fix for platform variables distenv cannot read (ends every such error).
+    fix = ""
 
     def read_node(self, env: "Env", r: Reading) -> "int | None":
         """The per-node launch and this node's index."""
@@ -136,6 +138,20 @@ class NodeList(Source):
         node = get_int(env, self.rank_var, self.title)
         r.set("node_rank", node, f"{self.rank_var}={node}")
         return node
+
+    def read_ips(self, env: "Env") -> "tuple[str, ...] | None":
+        """The address list (line k: node rank k's IP), None when it is not set."""
+        raw = env.get(self.ips_var)
+        return address_lines(raw, self.ips_var, self.fix) if raw is not None else None
+
+    def set_nodes(self, env: "Env", r: Reading, ips: "tuple[str, ...]", hosts: bool = True) -> None:
+        """Line k is node rank k's IP, so line 0 is rank 0's host (`hosts`: the list is every
+        node of the task); a MASTER_ADDR naming another node is refused."""
+        if hosts:
+            r.set("hosts", ips, f"{self.ips_var} (line k: node rank k's IP)")
+        r.set("master_addr", ips[0], f"first line of {self.ips_var}: node rank 0's IP, where "
+                                     "rank 0 runs")
+        check_master(env, ips, self.ips_var)
 
     def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
               ) -> "tuple[Later, str] | None":

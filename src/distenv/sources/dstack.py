@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from ..errors import DistEnvError
 from ..reading import get_int, show
-from ._common import NodeList, address_lines, check_master
+from ._common import NodeList
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Dstack(NodeList):
     title = "dstack"
     prefixes = ("DSTACK_",)
     pass_on = "env: [{name}={value}] in the dstack configuration"
-    rank_var, ips_var = "DSTACK_NODE_RANK", IPS
+    rank_var, ips_var, fix = "DSTACK_NODE_RANK", IPS, FIX
     started = "dstack's runner started the task's commands once on each node"
 
     def read(self, env: "Env", r: "Reading") -> None:
@@ -75,8 +75,7 @@ class Dstack(NodeList):
         if node is not None and count is not None and node >= count:
             raise DistEnvError(f"DSTACK_NODE_RANK={node} is not below DSTACK_NODES_NUM={count}: "
                                f"dstack numbers nodes 0 to nodes-1. {FIX}")
-        raw = env.get(IPS)
-        ips = address_lines(raw, IPS, FIX) if raw is not None else None
+        ips = self.read_ips(env)
         if ips is not None and count is not None and len(ips) != count:
             fewer = (f"the nodes after line {len(ips)} have no address" if len(ips) < count
                      else "which lines are this run's nodes is not proven")
@@ -87,10 +86,7 @@ class Dstack(NodeList):
             if master and master != ips[0]:
                 raise DistEnvError(f"DSTACK_MASTER_NODE_IP={show(master)} is not the first line of "
                                    f"{IPS} ({ips[0]}): dstack sets both from node rank 0's IP. {FIX}")
-            if count is not None:
-                r.set("hosts", ips, f"{IPS} (line k: node rank k's IP)")
-            r.set("master_addr", ips[0], f"first line of {IPS}: node rank 0's IP, where rank 0 runs")
-            check_master(env, ips, IPS)
+            self.set_nodes(env, r, ips, hosts=count is not None)
         elif master:
             r.set("master_addr", master, "DSTACK_MASTER_NODE_IP (node rank 0's IP, where rank 0 runs)")
         elif count != 1:

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from ..errors import DistEnvError
 from ..reading import get_int
-from ._common import NodeList, address_lines, check_master
+from ._common import NodeList
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -67,14 +67,13 @@ class SkyPilot(NodeList):
     title = "SkyPilot"
     prefixes = ("SKYPILOT_",)
     pass_on = "sky launch --env {name}={value} (or the task YAML's envs:)"
-    rank_var, ips_var = "SKYPILOT_NODE_RANK", IPS
+    rank_var, ips_var, fix = "SKYPILOT_NODE_RANK", IPS, FIX
     started = "SkyPilot ran the task's run commands once on each node"
 
     def read(self, env: "Env", r: "Reading") -> None:
         node = self.read_node(env, r)
         count = get_int(env, "SKYPILOT_NUM_NODES", self.title, minimum=1)
-        raw = env.get(IPS)
-        ips = address_lines(raw, IPS, FIX) if raw is not None else None
+        ips = self.read_ips(env)
         if count is not None:
             r.set("num_nodes", count, f"SKYPILOT_NUM_NODES={count}")
         elif ips is not None:
@@ -98,8 +97,7 @@ class SkyPilot(NodeList):
             r.set("job_id", task, "SKYPILOT_TASK_ID")
             r.port_key = "skypilot:" + task
 
-    @staticmethod
-    def _hosts(env: "Env", r: "Reading", ips: "tuple[str, ...]", count: int) -> None:
+    def _hosts(self, env: "Env", r: "Reading", ips: "tuple[str, ...]", count: int) -> None:
         if len(ips) < count:
             raise DistEnvError(
                 f"{IPS} lists {len(ips)} address(es) but the task has {count} nodes "
@@ -110,10 +108,7 @@ class SkyPilot(NodeList):
                 "the whole Slurm job's nodes): which is node 0 is not proven, so rank 0's address "
                 "is unknown. Fix: set MASTER_ADDR=<node 0's address> on every node")
             return
-        why = f"{IPS} (line k: node rank k's IP)"
-        r.set("hosts", ips, why)
-        r.set("master_addr", ips[0], f"first line of {IPS}: node rank 0's IP, where rank 0 runs")
-        check_master(env, ips, IPS)
+        self.set_nodes(env, r, ips)
 
 
 SOURCE = SkyPilot()
