@@ -198,10 +198,10 @@ def display_node_rank(env: "DistEnv") -> int:
 
 # -- what the resolver records -------------------------------------------------------------
 def record(env: "Env", values: "dict[str, Any]", why: "dict[str, str]", launch_per_node: bool,
-           sources: "Sequence[Source | None]" = ()) -> None:
+           sources: "Sequence[Source | None]" = (), hosts_by_node: bool = True) -> None:
     """Set values["rank_hosts"] (a `Later`, or None) and its why, from the launch read so far:
-    the launcher's source's rule (`Source.place`), then a per-node launch's (below), then the
-    platform's.
+    the launcher's source's rule (`Source.place`), then a per-node launch's (below) where
+    `hosts` is in node-rank order (`Reading.hosts_by_node`), then the platform's.
 
     Cheap: captures the few strings a rule needs; the tuple is built on first access."""
     if values.get("rank_hosts") is not None or values.get("world_size") is None:
@@ -212,7 +212,7 @@ def record(env: "Env", values: "dict[str, Any]", why: "dict[str, str]", launch_p
         if found is not None:
             values["rank_hosts"], why["rank_hosts"] = found
             return
-    if launch_per_node:
+    if launch_per_node and hosts_by_node:
         found = repeated(values, f"{why.get('hosts')} in node order, nproc_per_node="
                                  f"{values.get('nproc_per_node')} each (workers are numbered "
                                  "node_rank * nproc_per_node + local_rank)")
@@ -223,6 +223,11 @@ def record(env: "Env", values: "dict[str, Any]", why: "dict[str, str]", launch_p
         found = platform.place(env, values, launch_per_node)
         if found is not None:
             values["rank_hosts"], why["rank_hosts"] = found
+            return
+    if launch_per_node and not hosts_by_node:
+        why["rank_hosts"] = (f"unknown: {why.get('hosts')} is not in node-rank order (each node's "
+                             "process is numbered by its rank, which the launcher did not place "
+                             "by that list)")
 
 
 def repeated(values: "dict[str, Any]", why: str) -> "tuple[Later, str] | None":

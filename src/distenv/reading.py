@@ -88,7 +88,7 @@ class Reading:
     """Fields a source found, each with why. Mutable while resolving, then frozen into DistEnv."""
 
     __slots__ = ("values", "why", "notes", "launch", "owns", "node_order", "port_key", "nproc_source",
-                 "addr_explicit", "nproc_from_world")
+                 "addr_explicit", "nproc_from_world", "hosts_by_node")
 
     def __init__(self) -> None:
         self.values: "dict[str, Any]" = {}
@@ -106,6 +106,10 @@ class Reading:
         # per node: those come from DISTENV_NPROC_PER_NODE or the framework (the Trainer's
         # devices), never from a default, and num_nodes = world_size / them.
         self.nproc_from_world = False
+        # `hosts` lists the nodes in node-rank order (node k's host is hosts[k]): False when a
+        # process per node became a node with its rank as node rank, but the launcher's own node
+        # index disagrees (or is unknown) -- its list is in its own order, not in rank order.
+        self.hosts_by_node = True
 
     def set(self, field: str, value: Any, why: str) -> None:
         if value is not None:

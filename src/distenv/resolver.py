@@ -95,7 +95,8 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     if r.values.get("hosts") is not None:
         from .placement import record
 
-        record(env, r.values, r.why, r.launch == PER_NODE, (source, _platform_source(r)))
+        record(env, r.values, r.why, r.launch == PER_NODE, (source, _platform_source(r)),
+               r.hosts_by_node)
     return _build(r.values, r.why, r.notes)
 
 
@@ -303,7 +304,12 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
 
                 gpus, gpus_why = visible_gpus(env)
             if (want or 0) > 1 or (gpus or 0) > 1:
-                # One process per node asked to start several workers: the process is a node.
+                # One process per node asked to start several workers: the process is a node,
+                # numbered by its rank. The launcher's host list is in that order only where
+                # its own node index is the rank (SLURM's block, cyclic and plane: task k on
+                # node k); under srun --distribution=arbitrary task 0 may run on node 1
+                # (measured: SLURM_PROCID=0 with SLURM_NODEID=1), and its index was dropped.
+                r.hosts_by_node = r.get("node_rank") == r.get("rank")
                 r.set("node_rank", r.get("rank"),
                       f"{r.why.get('rank')} (one process per node: the node rank)")
                 r.set("num_nodes", size, f"{r.why.get('world_size')} (one process per node)")

@@ -15,7 +15,7 @@ import pytest
 import distenv
 import distenv.tensorflow as dtf
 from distenv import DistEnvError, ports
-from envs import ompi, platform, recorded, slurm, torchrun
+from envs import ompi, platform, recorded, slurm, slurm_task, torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -92,6 +92,21 @@ def test_slurm_uneven_and_plane():
 def test_slurm_arbitrary_distribution_is_refused():
     with pytest.raises(DistEnvError, match="arbitrary"):
         dtf.tf_config(slurm(0, dist="arbitrary"))
+
+
+def test_per_node_slurm_workers_are_where_their_node_runs():
+    """One task per node (each the node's TensorFlow worker): worker k is node rank k's host.
+    Under block that is the node list's k-th host; under arbitrary task 0 can run on node2
+    while the list starts with node1, so the hosts are unknown there (the error), never the
+    list's order (which would tell node1's worker it is worker 1 at node2)."""
+    def task(procid, nodeid, dist):
+        return slurm_task(procid, 2, 0, nodeid, 2, "node[1-2]", "1(x2)", SLURM_DISTRIBUTION=dist,
+                          DISTENV_NPROC_PER_NODE="4")
+    cfg = dtf.tf_config(task(1, 1, "block"))
+    assert [w.rsplit(":", 1)[0] for w in workers(cfg)] == ["node1", "node2"]
+    assert cfg["task"]["index"] == 1
+    with pytest.raises(DistEnvError, match="the host of every node"):
+        dtf.tf_config(task(0, 1, "arbitrary"))
 
 
 def test_slurm_layout_contradicting_nodeid_is_refused():

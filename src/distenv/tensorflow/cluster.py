@@ -91,8 +91,12 @@ def _worker_hosts(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None",
         # uses every local GPU through MirroredStrategy inside MultiWorkerMirroredStrategy).
         if d.num_nodes == 1:
             return [LOOPBACK]
-        if d.hosts and d.num_nodes == len(d.hosts) and d.node_rank is not None:
-            return list(d.hosts)
+        # Node k's host is where its workers run (rank_hosts), not the k-th entry of the
+        # launcher's node list: that list is in the launcher's order, which need not be the
+        # node-rank order (srun --distribution=arbitrary).
+        per, placed = d.nproc_per_node, d.rank_hosts
+        if placed and per and d.num_nodes and len(placed) == per * d.num_nodes:
+            return list(placed[::per])
         raise DistEnvError(_missing(d, "the host of every node"))
     size, rank = d.world_size, d.rank
     if size is None or rank is None:

@@ -39,6 +39,31 @@ def test_slurm_arbitrary_distribution_has_no_master():
         env.export({})
 
 
+@pytest.mark.parametrize("dist,procid,nodeid", [("arbitrary", 0, 1), ("arbitrary", 1, 0)])
+def test_one_task_per_node_made_per_node_under_arbitrary_places_no_worker(dist, procid, nodeid):
+    """srun -N2 --ntasks-per-node=1 --distribution=arbitrary, each task a node of 4 workers
+    (DISTENV_NPROC_PER_NODE=4): the node is numbered by its task rank, but the step's node
+    list is in SLURM_NODEID order, and task 0 may run on node 1 (measured, docs/launchers.md).
+    Workers 0-3 run on task 0's node, not on the list's first host: unknown, never
+    ('node1',)*4 for the workers of node2."""
+    env = resolve(slurm_task(procid, 2, 0, nodeid, 2, "node[1-2]", "1(x2)",
+                             SLURM_DISTRIBUTION=dist, DISTENV_NPROC_PER_NODE="4"))
+    assert env.launch == "per-node" and env.node_rank == procid and env.num_nodes == 2
+    assert env.hosts == ("node1", "node2") and env.world_size == 8
+    assert env.rank_hosts is None and "not in node-rank order" in env.provenance["rank_hosts"]
+    assert env.master_addr is None
+
+
+@pytest.mark.parametrize("dist", [None, "block", "cyclic"])
+def test_one_task_per_node_made_per_node_places_workers_in_list_order(dist):
+    """Block and cyclic put task k on node k: the list is in node-rank order."""
+    extra = {"SLURM_DISTRIBUTION": dist} if dist else {}
+    env = resolve(slurm_task(1, 2, 0, 1, 2, "node[1-2]", "1(x2)", DISTENV_NPROC_PER_NODE="2",
+                             **extra))
+    assert env.launch == "per-node" and env.node_rank == 1
+    assert env.rank_hosts == ("node1", "node1", "node2", "node2") and env.master_addr == "node1"
+
+
 def test_slurm_batch_script_is_one_process_not_task_zero():
     batch = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
              "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0"}
