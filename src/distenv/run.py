@@ -301,6 +301,10 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         # One node and no job id: 29500 would collide with any other such run here.
         env = env.replace(master_port=_free_port())
     env.export(child)
+    if knobs.NPROC_PER_NODE in child:
+        # The workers get the count, not the word ("gpu", "auto"): an adapter that narrows
+        # CUDA_VISIBLE_DEVICES to a worker's GPU would re-count 1 and contradict torchrun.
+        child[knobs.NPROC_PER_NODE] = str(env.nproc_per_node)
     python = _interpreter(cmd)
     if not _has_torch(python, child):
         raise DistEnvError(

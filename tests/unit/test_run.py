@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv import run
+from distenv import resolve, run
 from distenv.errors import DistEnvError
 from envs import hydra_rank, ompi
 
@@ -116,6 +116,27 @@ def test_plan_per_node_uses_torchrun_with_the_resolved_node(no_gpus, monkeypatch
     e = p.environ
     assert e["NODE_RANK"] == "1" and e["MASTER_ADDR"] == "10.213.77.11" and e["DISTENV_NPROC_PER_NODE"] == "2"
     assert "RANK" not in e and "PET_STANDALONE" not in e and "PET_NNODES" not in e
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_plan_per_node_gives_the_workers_the_count_not_the_word(fake_gpus, monkeypatch, how):
+    """--nproc-per-node gpu (or DISTENV_NPROC_PER_NODE=gpu) on a node with 4 GPUs: the workers
+    see 4. With the word, a worker whose adapter narrowed CUDA_VISIBLE_DEVICES to its own GPU
+    re-counted 1 GPU and contradicted torchrun's 4 local workers."""
+    fake_gpus(4)
+    monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
+    argv, environ = ["python", "t.py"], dict(OMPI_PPR1)
+    if how == "flag":
+        argv = ["--nproc-per-node", "gpu", *argv]
+    else:
+        environ["DISTENV_NPROC_PER_NODE"] = "gpu"
+    p = run.plan(argv, environ)
+    assert p.mode == "torchrun" and p.environ["DISTENV_NPROC_PER_NODE"] == "4"
+    worker = {**p.environ, "TORCHELASTIC_RUN_ID": "r", "RANK": "5", "LOCAL_RANK": "1",
+              "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+              "GROUP_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "1", "DISTENV_GPU_SLICE": "1"}
+    got = resolve(worker)
+    assert (got.rank, got.local_world_size, got.node_rank) == (5, 4, 1)
 
 
 def test_plan_without_launcher_is_a_one_node_per_node_launch(no_gpus, monkeypatch):
