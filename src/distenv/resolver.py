@@ -502,9 +502,22 @@ def _check_canonical(env: "Env", r: Reading, source: "Source", overrides: "dict[
         if mine is not None and given != mine:
             raise DistEnvError(
                 f"{var}={env[var]} contradicts {r.why.get(field, field)} ({field}={mine}). "
-                f"A stale {var} from the shell or the job script? Fix: unset {var}, or set "
-                f"DISTENV_LAUNCHER=env to trust the torch variables instead."
+                f"A stale {var} from the shell, the job script or an outer launcher or platform? "
+                f"Fix: unset {var}{_env_instead(env, source)}."
             )
+
+
+def _env_instead(env: "Env", source: "Source") -> str:
+    """The second way out of a contradiction, offered only where it leads somewhere: the
+    torch variables alone describe a launch (they may lack RANK, or contradict each other,
+    as NODE_RANK and torchrun's GROUP_RANK do under a platform that sets NODE_RANK)."""
+    if source.name == "env":
+        return ""
+    try:
+        resolve(env, launcher="env")
+    except DistEnvError:
+        return ""
+    return ", or set DISTENV_LAUNCHER=env to trust the torch variables instead"
 
 
 _COUNTS = ("rank", "local_rank", "world_size", "local_world_size", "node_rank",

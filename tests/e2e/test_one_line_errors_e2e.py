@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.launcher]
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE = "distenv: error: WORLD_SIZE=4 contradicts OMPI_COMM_WORLD_SIZE=2 (world_size=2)."
-FIX = "Fix: unset WORLD_SIZE, or set DISTENV_LAUNCHER=env to trust the torch variables instead."
+FIX = "Fix: unset WORLD_SIZE."  # DISTENV_LAUNCHER=env would not help: there is no RANK
 
 
 def require(reason: str) -> None:

@@ -69,6 +69,37 @@ def test_canonical_variable_disagreeing_names_both(name, var, field):
         assert origin[field] in text
 
 
+@pytest.mark.parametrize("name, var, field", CASES)
+def test_every_way_out_the_fix_offers_works(name, var, field):
+    """Each alternative of the Fix, applied as written, resolves: unsetting the variable gives
+    the launcher's value; DISTENV_LAUNCHER=env is offered only where the torch variables
+    alone describe a launch (it used to be offered always, and led to a second error: a
+    NODE_RANK beside torchrun's GROUP_RANK, or no RANK at all)."""
+    env, _ = LAUNCHERS[name]
+    stale = dict(env, **{var: str(TRUTH[field] + 1)})
+    with pytest.raises(DistEnvError) as err:
+        resolve(stale)
+    text = str(err.value)
+    assert f"Fix: unset {var}" in text, text
+    assert getattr(resolve(env), field) == TRUTH[field]
+    offered = "DISTENV_LAUNCHER=env" in text
+    try:
+        resolve(dict(stale, DISTENV_LAUNCHER="env"))
+        works = True
+    except DistEnvError:
+        works = False
+    assert offered == works, text
+
+
+def test_torchrun_under_a_platform_s_node_rank_is_not_sent_in_a_circle():
+    """Azure ML sets NODE_RANK for the node; torchrun's c10d rendezvous numbered it otherwise."""
+    env = {**torchrun(0, nodes=2), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2", "NODE_RANK": "1",
+           "AZ_BATCH_MASTER_NODE": "10.0.0.4:6105", "AZUREML_RUN_ID": "run1"}
+    with pytest.raises(DistEnvError, match=r"Fix: unset NODE_RANK\.$"):
+        resolve(env)
+    assert resolve({k: v for k, v in env.items() if k != "NODE_RANK"}).node_rank == 0
+
+
 # -- sources that own the canonical variables: the cross-check is between their own ----------
 def test_torchrun_group_rank_vs_node_rank():
     env = {**torchrun(3, nodes=2, addr="h", port="1"), "TORCHELASTIC_RUN_ID": "r"}
