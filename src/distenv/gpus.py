@@ -56,6 +56,7 @@ ALONE = "alone"      # one process on its node (or its local rank unknown): ever
 OWN = "own"          # fewer GPUs than local processes, but the scheduler narrowed them per task
 SLICE = "slice"      # the local rank's part of the node's GPUs
 CROWDED = "crowded"  # more local processes than GPUs, nothing narrowed: the adapter refuses
+UNKNOWN = "unknown"  # several GPUs, but this process's local rank (or share) is unknown: refused
 
 
 class Share:
@@ -94,18 +95,37 @@ def one_device(d: "DistEnv", count: int, env: "Mapping[str, str]", seen: str = "
     if count <= 0:
         return Share(NONE, (), 0, "no CUDA device visible", seen, ())
     listed = _listed(env, count)
-    local = d.local_rank if d.local_rank is not None else 0
-    nlocal = d.local_world_size if d.local_world_size is not None else 1
+    local, nlocal = d.local_rank, d.local_world_size
+    if local is None:
+        if count > 1 and d.world_size != 1:
+            return _unknown(d, count, seen, listed, "local rank")
+        local, nlocal = 0, 1  # a lone process, or one device: the first is the only choice
+    # Local rank N proves N+1 processes on this node; with the count unknown, N's own device
+    # is still N (every local rank takes its own number).
+    of = nlocal if nlocal is not None else f"at least {local + 1}"
+    nlocal = nlocal if nlocal is not None else local + 1
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if count >= nlocal:
         return Share(SLICE, (local,), count,
-                     f"local rank {local} of {nlocal} takes device {local} of {count}", seen, listed)
+                     f"local rank {local} of {of} takes device {local} of {count}", seen, listed)
     if visible is not None or count == 1:
         return Share(OWN, (0,), count, f"{count} device(s) for {nlocal} local processes: "
                      f"CUDA_VISIBLE_DEVICES={visible!r} was narrowed per task, take its first",
                      seen, listed)
     return Share(CROWDED, (), count, f"{nlocal} processes on this node share {count} GPU(s)"
                  + (f" ({seen})" if seen else ""), seen, listed)
+
+
+def _unknown(d: "DistEnv", count: int, seen: str, listed: "Sequence[str]", what: str) -> Share:
+    """UNKNOWN: several GPUs, and which are this process's is not known; `why` is the whole
+    refusal, Fix included (one wording for every adapter)."""
+    field = "local_rank" if what == "local rank" else "local_world_size"
+    return Share(UNKNOWN, (), count, (
+        f"{count} GPUs visible{f' ({seen})' if seen else ''} but this process's {what} is "
+        f"unknown ({d.provenance.get(field) or 'not revealed'}): which GPUs are its own is not "
+        "known. Fix: export LOCAL_RANK and LOCAL_WORLD_SIZE to every process, give each process "
+        "its own GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task), or start one process per "
+        "node (DISTENV_NPROC_PER_NODE)"), seen, listed)
 
 
 def device_index(d: "DistEnv", count: int, env: "Mapping[str, str]", instead: str
@@ -117,6 +137,8 @@ def device_index(d: "DistEnv", count: int, env: "Mapping[str, str]", instead: st
     from .errors import DistEnvError
 
     got = one_device(d, count, env)
+    if got.kind == UNKNOWN:
+        raise DistEnvError(f"{got.why}, or {instead}.")
     if got.kind == CROWDED:
         nlocal = d.local_world_size
         raise DistEnvError(
@@ -155,8 +177,15 @@ def share(d: "DistEnv", env: "Mapping[str, str]", split: bool = False) -> Share:
     if not split:
         return one_device(d, count, env, seen)
     local, nlocal = d.local_rank, d.local_world_size
-    if not nlocal or nlocal == 1 or local is None:
+    if nlocal == 1 or d.world_size == 1:
         return Share(ALONE, every, count, alone, seen, listed)
+    if count == 1 and env.get("CUDA_VISIBLE_DEVICES") is not None and (local is None or not nlocal):
+        return Share(OWN, every, count, f"the scheduler gave this process its own GPU ({seen})",
+                     seen, listed)
+    if local is None:
+        return _unknown(d, count, seen, listed, "local rank")
+    if not nlocal:  # local rank N: N+1 processes at least, so not every GPU is this one's
+        return _unknown(d, count, seen, listed, "number of processes on its node")
     if count < nlocal:
         if count == 1 and env.get("CUDA_VISIBLE_DEVICES") is not None:
             return Share(OWN, every, count, f"the scheduler gave this process its own GPU ({seen})",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distenv import gpus, resolve
+from distenv import DistEnvError, gpus, resolve
 from distenv.description import PER_NODE
 
 
@@ -107,3 +107,54 @@ def test_the_adapters_share_the_marker():
     from distenv.tensorflow import GPU_SLICE_VAR as tf_marker
 
     assert jax_marker == tf_marker == gpus.GPU_SLICE_VAR == "DISTENV_GPU_SLICE"
+
+
+# Launches that leave the local rank or the local count unknown (a review found every rank
+# given device 0 as "local rank 0 of 1", and TensorFlow every process every GPU).
+PLAIN = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}  # no LOCAL_RANK
+FLUX = {"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1",
+        "FLUX_JOB_ID": "f1", "FLUX_JOB_NNODES": "2"}  # no local size (docs/launchers.md)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_an_unknown_local_rank_with_several_gpus_is_refused(fake_gpus, split):
+    fake_gpus(4)
+    d = resolve(PLAIN)
+    assert d.local_rank is None
+    s = gpus.share(d, PLAIN, split=split)
+    assert s.kind == gpus.UNKNOWN and s.positions == () and "local rank is unknown" in s.why
+    assert "Fix: export LOCAL_RANK and LOCAL_WORLD_SIZE" in s.why
+    with pytest.raises(DistEnvError, match=r"local rank is unknown.*or use the CPU\.$"):
+        gpus.device_index(d, 4, PLAIN, "use the CPU")
+    # one visible device, or a lone process: the first device is the only choice
+    assert gpus.one_device(d, 1, PLAIN).positions == (0,)
+    alone = {**PLAIN, "RANK": "0", "WORLD_SIZE": "1"}
+    assert gpus.one_device(resolve(alone), 4, alone).positions == (0,)
+
+
+def test_a_local_rank_without_the_local_count_takes_its_own_device(fake_gpus):
+    fake_gpus(4)
+    d = resolve(FLUX)
+    assert (d.local_rank, d.local_world_size) == (1, None)
+    s = gpus.share(d, FLUX)
+    assert (s.kind, s.positions) == (gpus.SLICE, (1,))
+    assert s.why == "local rank 1 of at least 2 takes device 1 of 4"
+    # narrowed to this task's one GPU: its first, never device 1 of 1
+    mine = {**FLUX, "CUDA_VISIBLE_DEVICES": "1"}
+    assert gpus.share(resolve(mine), mine).positions == (0,)
+    # a slice each: the count is needed to split, and local rank 1 proves there are others
+    split = gpus.share(d, FLUX, split=True)
+    assert split.kind == gpus.UNKNOWN and "number of processes on its node" in split.why
+    assert gpus.share(resolve(mine), mine, split=True).kind == gpus.OWN
+
+
+def test_every_adapter_refuses_the_unknown_share_in_one_wording(fake_gpus):
+    from distenv.jax import device_plan
+    from distenv.tensorflow import gpu_assignment
+
+    fake_gpus(4)
+    d = resolve(PLAIN)
+    for call in (lambda: device_plan(d, PLAIN, torch_imported=False),
+                 lambda: gpu_assignment(d, PLAIN)):
+        with pytest.raises(DistEnvError, match="local rank is unknown .*Fix: export LOCAL_RANK"):
+            call()

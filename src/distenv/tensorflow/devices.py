@@ -20,6 +20,8 @@ def gpu_assignment(d: DistEnv, environ: "Mapping[str, str] | None" = None) -> "t
     """(CUDA_VISIBLE_DEVICES for this process or None to leave it, why): the core's policy
     (`distenv.gpus.share`) with a slice of GPUs per process, which MirroredStrategy drives."""
     mine = gpus.share(d, _environ(environ), split=True)
+    if mine.kind == gpus.UNKNOWN:
+        raise DistEnvError(f"{mine.why}.")
     if mine.kind == gpus.CROWDED:
         raise DistEnvError(
             f"{mine.why}: TensorFlow cannot split a GPU between processes. Fix: start one "
