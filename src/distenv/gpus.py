@@ -117,15 +117,21 @@ def one_device(d: "DistEnv", count: int, env: "Mapping[str, str]", seen: str = "
 
 
 def _unknown(d: "DistEnv", count: int, seen: str, listed: "Sequence[str]", what: str) -> Share:
-    """UNKNOWN: several GPUs, and which are this process's is not known; `why` is the whole
-    refusal, Fix included (one wording for every adapter)."""
+    """UNKNOWN: several GPUs, and which are this process's is not known (`unknown_error`)."""
     field = "local_rank" if what == "local rank" else "local_world_size"
     return Share(UNKNOWN, (), count, (
         f"{count} GPUs visible{f' ({seen})' if seen else ''} but this process's {what} is "
         f"unknown ({d.provenance.get(field) or 'not revealed'}): which GPUs are its own is not "
-        "known. Fix: export LOCAL_RANK and LOCAL_WORLD_SIZE to every process, give each process "
-        "its own GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task), or start one process per "
-        "node (DISTENV_NPROC_PER_NODE)"), seen, listed)
+        "known"), seen, listed)
+
+
+def unknown_error(got: Share, instead: str = "") -> str:
+    """The refusal of an UNKNOWN share, in one wording for every adapter; `instead` is the
+    framework's own way out."""
+    return (f"{got.why}. Fix: export LOCAL_RANK and LOCAL_WORLD_SIZE to every process, give "
+            "each process its own GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task), "
+            f"{'' if instead else 'or '}start one process per node (DISTENV_NPROC_PER_NODE)"
+            f"{f', or {instead}' if instead else ''}.")
 
 
 def device_index(d: "DistEnv", count: int, env: "Mapping[str, str]", instead: str
@@ -138,7 +144,7 @@ def device_index(d: "DistEnv", count: int, env: "Mapping[str, str]", instead: st
 
     got = one_device(d, count, env)
     if got.kind == UNKNOWN:
-        raise DistEnvError(f"{got.why}, or {instead}.")
+        raise DistEnvError(unknown_error(got, instead))
     if got.kind == CROWDED:
         nlocal = d.local_world_size
         raise DistEnvError(

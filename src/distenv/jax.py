@@ -152,7 +152,7 @@ def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
                 torch_imported: "bool | None" = None) -> Devices:
     """How this process binds its devices, without JAX (`Devices`). Which GPUs: the core's
     policy (`distenv.gpus.share`); how JAX is told: here."""
-    from .gpus import CROWDED, GIVEN, NODE, NONE, UNKNOWN, share
+    from .gpus import CROWDED, GIVEN, NODE, NONE, UNKNOWN, share, unknown_error
 
     src = os.environ if environ is None else environ
     if torch_imported is None:
@@ -171,7 +171,7 @@ def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
     if mine.kind in (GIVEN, NODE):
         return Devices(list(mine.positions), why=mine.why)
     if mine.kind == UNKNOWN:
-        raise DistEnvError(f"{mine.why}, or set JAX_PLATFORMS=cpu.")
+        raise DistEnvError(unknown_error(mine, "set JAX_PLATFORMS=cpu"))
     if mine.kind == CROWDED:
         raise DistEnvError(
             f"{d.local_world_size} JAX processes on this node but only {count} GPU(s) visible "

@@ -21,7 +21,7 @@ def gpu_assignment(d: DistEnv, environ: "Mapping[str, str] | None" = None) -> "t
     (`distenv.gpus.share`) with a slice of GPUs per process, which MirroredStrategy drives."""
     mine = gpus.share(d, _environ(environ), split=True)
     if mine.kind == gpus.UNKNOWN:
-        raise DistEnvError(f"{mine.why}.")
+        raise DistEnvError(gpus.unknown_error(mine))
     if mine.kind == gpus.CROWDED:
         raise DistEnvError(
             f"{mine.why}: TensorFlow cannot split a GPU between processes. Fix: start one "

@@ -1,9 +1,11 @@
 """The resolver on Amazon SageMaker environments (src/distenv/sources/sagemaker.py), written
 from its documentation (tests/fixtures/platforms/sagemaker_*.json)."""
 
+import json
+
 import pytest
 
-from distenv import resolve
+from distenv import DistEnvError, resolve
 
 from envs import documented
 
@@ -57,3 +59,47 @@ def test_tensorflow_job_asked_for_workers_per_host_is_per_node(fake_gpus):
     fake_gpus(4)
     d = resolve({**_tf_ps("worker", 0, "algo-2"), "DISTENV_NPROC_PER_NODE": "4"})
     assert (d.launcher, d.launch, d.world_size, d.node_rank) == ("sagemaker", "per-node", 8, 1)
+
+
+# A heterogeneous cluster (SageMaker's "instance groups"): SM_HOSTS lists every group's hosts,
+# but the toolkit distributes over the groups of SM_DISTRIBUTION_INSTANCE_GROUPS only, in
+# SM_INSTANCE_GROUPS order, with their first host as master (environment.py's
+# get_distribution_hosts, get_master_hostname); its mpirun runs over those hosts.
+HETERO = {"SM_HOSTS": '["algo-1","algo-2","algo-3"]', "SM_IS_HETERO": "true",
+          "SM_INSTANCE_GROUPS": '["data","gpu"]',
+          "SM_INSTANCE_GROUPS_DICT": json.dumps({
+              "data": {"instance_group_name": "data", "hosts": ["algo-1"]},
+              "gpu": {"instance_group_name": "gpu", "hosts": ["algo-2", "algo-3"]}}),
+          "SM_DISTRIBUTION_INSTANCE_GROUPS": '["gpu"]', "TRAINING_JOB_NAME": "j1"}
+# rank 3 of SageMaker's mpirun over algo-2 and algo-3, 2 per host, an Open MPI 5 (PMIx only)
+RANK3 = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "1073872897", "PMIX_RANK": "3"}
+
+
+def test_heterogeneous_mpi_job_runs_on_the_distribution_groups_hosts(no_gpus):
+    """It said 3 nodes and master algo-1, a host of the data group that runs no rank."""
+    env = resolve({**HETERO, **RANK3, "SM_CURRENT_HOST": "algo-2", "SM_CURRENT_INSTANCE_GROUP": "gpu"})
+    assert (env.launcher, env.num_nodes, env.master_addr) == ("openmpi", 2, "algo-2")
+    assert env.hosts == ("algo-2", "algo-3") and env.node_rank == 1
+    assert env.rank_hosts == ("algo-2", "algo-2", "algo-3", "algo-3")
+    assert "SM_DISTRIBUTION_INSTANCE_GROUPS" in env.provenance["master_addr"]
+
+
+def test_heterogeneous_job_without_a_launcher_is_a_node_of_the_distribution(no_gpus):
+    env = resolve({**HETERO, "SM_CURRENT_HOST": "algo-3", "SM_CURRENT_INSTANCE_GROUP": "gpu"})
+    assert (env.launcher, env.num_nodes, env.node_rank, env.master_addr) == ("sagemaker", 2, 1, "algo-2")
+    with pytest.raises(DistEnvError, match=r"in instance group 'data', which SM_DISTRIBUTION_INSTANCE_"
+                                           r"GROUPS does not distribute over.*Fix: "):
+        resolve({**HETERO, "SM_CURRENT_HOST": "algo-1", "SM_CURRENT_INSTANCE_GROUP": "data"})
+
+
+def test_heterogeneous_without_its_group_variables_is_refused_not_guessed(no_gpus):
+    env = {**HETERO, **RANK3, "SM_CURRENT_HOST": "algo-2"}
+    del env["SM_INSTANCE_GROUPS_DICT"]
+    with pytest.raises(DistEnvError, match="which hosts run the job is unknown"):
+        resolve(env)
+
+
+def test_a_homogeneous_cluster_keeps_sm_hosts(no_gpus):
+    env = resolve({**HETERO, **RANK3, "SM_IS_HETERO": "false", "SM_CURRENT_HOST": "algo-1"})
+    assert env.hosts == ("algo-1", "algo-2", "algo-3") and env.master_addr == "algo-1"
