@@ -54,6 +54,18 @@ class Plain(Source):
             if _per_node(env):
                 return True
             context, first = _context(env)
+            if has_size and "LOCAL_RANK" in env and "NODE_RANK" in env:
+                # What Lightning's own launcher gives the workers it starts (LOCAL_RANK,
+                # NODE_RANK, WORLD_SIZE = devices x nodes; sources/lightning_node.py): the rank
+                # is node_rank x devices + local_rank, and the devices are the Trainer's.
+                raise DistEnvError(
+                    f"WORLD_SIZE={env['WORLD_SIZE']!r}, NODE_RANK={env['NODE_RANK']!r} and "
+                    f"LOCAL_RANK={env['LOCAL_RANK']!r} are set but RANK is not, {context}: a "
+                    "worker Lightning started, whose rank depends on the Trainer's devices. Fix: "
+                    f"{first}pass distenv.lightning.DistenvEnvironment() to the Trainer "
+                    "(plugins=[...]) or set DISTENV_AUTO=1, so that the node hands its "
+                    "description to its workers; or set RANK for each worker."
+                )
             if has_size and "LOCAL_RANK" in env:
                 raise DistEnvError(
                     f"WORLD_SIZE={env['WORLD_SIZE']!r} and LOCAL_RANK={env['LOCAL_RANK']!r} are "

@@ -54,11 +54,18 @@ def test_lightning_onprem_launch_one_worker_per_node_is_the_worker():
 @pytest.mark.parametrize("extra,match", [
     ({"DISTENV_NPROC_PER_NODE": "5"}, "world_size=32"),          # 32 is no multiple of 5
     ({"DISTENV_NPROC_PER_NODE": "8", "NODE_RANK": "4"}, "node_rank=4"),   # 4 nodes: 0..3
-    ({"LOCAL_RANK": "0"}, "unset LOCAL_RANK"),                    # neither worker nor node
+    # what Lightning's launcher gives the workers it starts (no RANK): not a node with a stray
+    # LOCAL_RANK to unset (that made the worker a node process), but the hand-off to ask for
+    ({"LOCAL_RANK": "0"}, r"a worker Lightning started.*Fix: pass distenv\.lightning\.DistenvEnvironment"),
 ])
 def test_lightning_onprem_contradictions_are_errors(extra, match):
     with pytest.raises(DistEnvError, match=match):
         resolve({**ONPREM, **extra})
+
+
+def test_world_size_and_local_rank_without_node_rank_say_which_to_unset():
+    with pytest.raises(DistEnvError, match="a worker needs RANK too.*unset LOCAL_RANK there"):
+        resolve({"WORLD_SIZE": "8", "LOCAL_RANK": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
 
 
 def test_world_size_alone_gives_the_per_node_fix_too():
