@@ -71,11 +71,20 @@ class Kubeflow(Source):
         size = get_int(env, "WORLD_SIZE", "Kubeflow")
         total = r.get("world_size")
         if size is not None and total is not None and size != total:
+            per = r.get("nproc_per_node")
+            shape = (f"{r.get('num_nodes')} pods ({r.why.get('num_nodes')}) x {per} processes "
+                     f"per pod ({r.why.get('nproc_per_node')}) = {total}")
+            if nproc != str(per):
+                # the workers per pod were asked of distenv (distenv run --nproc-per-node,
+                # DISTENV_NPROC_PER_NODE), not of the operator, whose WORLD_SIZE counts its own
+                raise DistEnvError(
+                    f"WORLD_SIZE={size}, the operator's count, contradicts {shape}. Fix: drop "
+                    f"--nproc-per-node (DISTENV_NPROC_PER_NODE), or set nprocPerNode: {per} in "
+                    "the PyTorchJob (the operator's WORLD_SIZE then counts them).")
             raise DistEnvError(
-                f"WORLD_SIZE={size} contradicts {r.why.get('num_nodes')} x "
-                f"{r.why.get('nproc_per_node')} = {total} processes. Fix: unset WORLD_SIZE in "
-                "the pod spec (the operator's PET_* variables give the job's size), or make the "
-                "replica count and nprocPerNode match it."
+                f"WORLD_SIZE={size} contradicts {shape}. Fix: unset WORLD_SIZE in the pod spec "
+                "(the operator's PET_* variables give the job's size), or make the replica "
+                "count and nprocPerNode match it."
             )
 
 
