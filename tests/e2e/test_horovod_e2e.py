@@ -5,6 +5,11 @@ and srun. And the hard check: a Horovod that does not join the job is an error, 
 """
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import tempfile
+
 import pytest
 
 import tfhvd_support as S
@@ -61,8 +66,19 @@ def test_srun_self_rendezvous(request, hvd_python):
 
 def test_a_horovod_that_does_not_join_is_an_error(request, hvd_python):
     """Forcing the MPI controller under torchrun (no MPI launched it): hvd.init() gives size 1
-    on each rank, which Horovod alone would accept; distenv stops both ranks naming why."""
-    run = train(request, hvd_python, "torchrun", {"DISTENV_HOROVOD_CONTROLLER": "mpi"})
+    on each rank, which Horovod alone would accept; distenv stops both ranks naming why.
+
+    The two ranks' MPI_Init are Open MPI 4 singletons started at the same moment, which race
+    to create their shared top session directory (<tmpdir>/ompi.<host>.<uid>): one rank's
+    orte_init failed with "File exists" in a CI-like run. The directory exists before they
+    start, under a short base of this test's own (unix socket paths stay short)."""
+    base = tempfile.mkdtemp(prefix="hvd", dir="/tmp")
+    try:
+        os.mkdir(os.path.join(base, f"ompi.{socket.gethostname().split('.')[0]}.{os.getuid()}"), 0o700)
+        run = train(request, hvd_python, "torchrun", {"DISTENV_HOROVOD_CONTROLLER": "mpi",
+                                                       "OMPI_MCA_orte_tmpdir_base": base})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     errors = "\n".join(err for _out, err in run.files.values())
     assert run.rc != 0 and run.records == [], run.explain()
     assert errors.count("Horovod says rank 0 of size 1 but torchrun started rank") == 2, run.explain()
