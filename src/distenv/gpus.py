@@ -128,8 +128,10 @@ def _unknown(d: "DistEnv", count: int, seen: str, listed: "Sequence[str]", what:
 def unknown_error(got: Share, instead: str = "") -> str:
     """The refusal of an UNKNOWN share, in one wording for every adapter; `instead` is the
     framework's own way out."""
-    return (f"{got.why}. Fix: export LOCAL_RANK and LOCAL_WORLD_SIZE to every process, give "
-            "each process its own GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task), "
+    return (f"{got.why}. Fix: set LOCAL_RANK and LOCAL_WORLD_SIZE where RANK is set by hand, "
+            "launch with a launcher that gives each process its local rank and count (mpirun, "
+            "srun, torchrun), give each process its own GPUs (CUDA_VISIBLE_DEVICES, srun "
+            "--gpus-per-task), "
             f"{'' if instead else 'or '}start one process per node (DISTENV_NPROC_PER_NODE)"
             f"{f', or {instead}' if instead else ''}.")
 

@@ -40,6 +40,29 @@ def test_contradiction_is_an_error():
         from_hostnames(env, ["a", "b"], "test")
 
 
+def test_a_local_rank_or_count_the_placement_contradicts_is_an_error():
+    """Found by a review: Flux gives a local rank but no local count, so the placement's
+    count for this host was taken beside a local rank it cannot hold (local rank 1 of 1);
+    and a same-count-everywhere claim stood beside uneven hosts on the ranks whose own count
+    happened to match."""
+    flux = resolve({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2", "FLUX_TASK_LOCAL_ID": "1",
+                    "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f123"})
+    with pytest.raises(DistEnvError, match=r"local_rank=1 \(FLUX_TASK_LOCAL_ID=1\) contradicts discovery "
+                                           r"\(test\): 1 rank\(s\) on this host\. Fix:"):
+        from_hostnames(flux, ["n1", "n2"], "test")
+    four = resolve({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1",
+                    "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f123"})
+    assert from_hostnames(four, ["n1", "n1", "n2", "n2"], "test").local_world_size == 2
+    slurm = resolve({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                     "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_NUM_NODES": "3",
+                     "SLURM_STEP_NODELIST": "a,b,c", "SLURM_STEP_TASKS_PER_NODE": "2(x3)",
+                     "SLURM_DISTRIBUTION": "arbitrary"})
+    assert slurm.nproc_per_node == 2
+    with pytest.raises(DistEnvError, match=r"nproc_per_node=2 .*contradicts discovery .*1, 2, 3 rank\(s\) per host"):
+        from_hostnames(slurm, ["a", "a", "b", "b", "b", "c"], "test")
+    assert from_hostnames(slurm, ["a", "b", "c", "a", "b", "c"], "test").node_rank == 0
+
+
 def test_one_node_keeps_loopback():
     env = resolve(mpich(1, 2, 1, 2))
     got = from_hostnames(env, ["a", "a"], "test")

@@ -207,8 +207,9 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]") 
 
     notes = [n for n in env.notes if getattr(n, "kind", None) != UNKNOWN]
     values = unsettled(env)
-    rebuilt = unknown_note(values, source_of(env.launcher).title or str(env.launcher),
-                           env.launch == PER_NODE, asked=True)
+    source = source_of(env.launcher)
+    rebuilt = unknown_note(values, source.title or str(env.launcher),
+                           env.launch == PER_NODE, asked=True, reads=source.owns)
     return DistEnv(values, env.provenance,
                    [*notes, *([rebuilt] if rebuilt else []), Note(text, about=fields, kind=DECLINED)])
 

@@ -107,8 +107,9 @@ def settled(env: DistEnv, filled: "set[str]", values: "Mapping[str, Any]") -> "l
         from ..resolver import unknown_note
         from ..sources import source_of
 
-        rebuilt = unknown_note(values, source_of(env.launcher).title or str(env.launcher),
-                               env.launch == PER_NODE)
+        source = source_of(env.launcher)
+        rebuilt = unknown_note(values, source.title or str(env.launcher),
+                               env.launch == PER_NODE, reads=source.owns)
         if rebuilt is not None:
             keep.append(rebuilt)
     return keep
@@ -139,6 +140,20 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
         ("local_world_size", env.local_world_size, counts[mine]),
     ):
         if known is not None and known != found:
+            raise DistEnvError(
+                f"{field}={known} ({env.provenance.get(field)}) contradicts discovery ({why}): {found}. "
+                + STALE
+            )
+    # What the environment says of this host's ranks must fit the placement too: a local rank
+    # below their count, and one count for every host where it says so.
+    per = set(counts.values())
+    for field, known, fits, found in (
+        ("local_rank", env.local_rank, env.local_rank is None or env.local_rank < counts[mine],
+         f"{counts[mine]} rank(s) on this host"),
+        ("nproc_per_node", env.nproc_per_node, env.nproc_per_node is None or per == {env.nproc_per_node},
+         f"{', '.join(map(str, sorted(per)))} rank(s) per host"),
+    ):
+        if not fits:
             raise DistEnvError(
                 f"{field}={known} ({env.provenance.get(field)}) contradicts discovery ({why}): {found}. "
                 + STALE
