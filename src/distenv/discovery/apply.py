@@ -147,7 +147,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
     # What the environment says of this host's ranks must fit the placement too: a local rank
     # below their count, and one count for every host where it says so.
     per = set(counts.values())
-    for field, known, fits, found in (
+    for field, known, fits, placed in (
         ("local_rank", env.local_rank, env.local_rank is None or env.local_rank < counts[mine],
          f"{counts[mine]} rank(s) on this host"),
         ("nproc_per_node", env.nproc_per_node, env.nproc_per_node is None or per == {env.nproc_per_node},
@@ -155,7 +155,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
     ):
         if not fits:
             raise DistEnvError(
-                f"{field}={known} ({env.provenance.get(field)}) contradicts discovery ({why}): {found}. "
+                f"{field}={known} ({env.provenance.get(field)}) contradicts discovery ({why}): {placed}. "
                 + STALE
             )
     changes = {
