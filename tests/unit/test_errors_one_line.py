@@ -10,6 +10,7 @@ tests/integration/test_one_line_errors.py.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -167,7 +168,12 @@ def test_DISTENV_AUTO_hook_error_inside_the_script(tmp_path):
         "from distenv import DistEnvError\n"
         "def patch():\n"
         "    raise DistEnvError('fakefw got devices=4 but the launch has 2. Fix: devices=2.')\n")
-    ok = {**STALE, "WORLD_SIZE": "2", "PYTHONPATH": f"{tmp_path}{os.pathsep}{SRC}"}
+    # a free MASTER_PORT: without a job id the port is torch's 29500, which a test running at
+    # the same time may hold, and the bring-up's port check then fails first (seen in a full run)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ok = {**STALE, "WORLD_SIZE": "2", "MASTER_PORT": port, "PYTHONPATH": f"{tmp_path}{os.pathsep}{SRC}"}
     p = run("""
         import distenv.auto as a
         a.HOOKS["fakefw"] = ("fake_adapter", "patch")
