@@ -111,7 +111,7 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
              nodes: bool = False, need: "tuple[str, ...] | None" = None,
              complete: "bool | None" = None, timeout: "float | None" = None,
              export: str = ALWAYS, target: "MutableMapping[str, str] | None" = None,
-             overwrite: bool = False, teardown: str = ALWAYS) -> DistEnv:
+             overwrite: bool = False, teardown: str = ALWAYS, check_port: bool = True) -> DistEnv:
     """Resolve, refuse, complete, export and register the teardown for `framework` (the module
     doc); returns the launch's description.
 
@@ -120,7 +120,9 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     `complete`: ask the launcher's service (default: only when `environ` is None -- a mapping
     passed in is not this process's own launch). `export`, `teardown`: ALWAYS, DISTRIBUTED,
     ZERO_CODE or NEVER; the variables go to `target` (default `environ` when it is writable,
-    else os.environ), never overwriting a different value unless `overwrite`.
+    else os.environ), never overwriting a different value unless `overwrite`. `check_port`:
+    False where the caller may still change the port (`distenv run` picks a free one for a
+    one-node job without a job id) and checks it itself (`port_is_free`).
     """
     from .knobs import unknown
     from .resolver import resolve
@@ -134,7 +136,8 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
         raise DistEnvError(per_node_message(env, framework))
     if environ is None if complete is None else complete:
         env = completed(env, nodes=nodes, need=need, timeout=timeout)
-    if (environ is None if complete is None else complete) and framework not in OWN_PORTS:
+    if (environ is None if complete is None else complete) and framework not in OWN_PORTS \
+            and check_port:
         port_is_free(env)
     if _when(export, env):
         if target is None:

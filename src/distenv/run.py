@@ -250,7 +250,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     child = dict(os.environ if environ is None else environ)
     if opts["nproc_per_node"] is not None:
         child[knobs.NPROC_PER_NODE] = opts["nproc_per_node"]
-    from .bringup import ALLOW, NEVER, bring_up
+    from .bringup import ALLOW, NEVER, bring_up, port_is_free
 
     # `discover` (main): what the launch leaves unknown comes from the launcher's service; the
     # command then gets the answer (exec keeps the pid: the services' `inherited`), so neither
@@ -260,7 +260,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         # every node fact, not only the master: the command it execs (a Lightning script,
         # say) may need them, and gets this process's answer (`handoffs`) instead of asking
         env = bring_up("run", environ=child, per_node=ALLOW, complete=discover and environ is None,
-                       nodes=True, export=NEVER, teardown=NEVER)
+                       nodes=True, export=NEVER, teardown=NEVER, check_port=False)
     except DistEnvError as exc:
         if opts["nproc_per_node"] is not None:
             raise DistEnvError(as_flag(str(exc), opts["nproc_per_node"])) from None
@@ -274,7 +274,12 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     warnings: "list[str]" = []
     style = opts["local_rank_arg"]
 
+    # The port is checked once settled: a one-node per-node launch without a job id gets a
+    # free one below, so torch's default held by another job is no reason to stop it there.
+    own = discover and environ is None  # this process's launch (bring_up's complete=)
     if env.launch != PER_NODE:
+        if own:
+            port_is_free(env)
         env.export(child)
         if style != "none" and env.local_rank is None:
             raise DistEnvError(f"--local-rank-arg {style}: the local rank is not known under "
@@ -300,6 +305,8 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             and "MASTER_PORT" not in child:
         # One node and no job id: 29500 would collide with any other such run here.
         env = env.replace(master_port=_free_port())
+    if own:
+        port_is_free(env)
     env.export(child)
     if knobs.NPROC_PER_NODE in child:
         # The workers get the count, not the word ("gpu", "auto"): an adapter that narrows

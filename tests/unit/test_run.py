@@ -10,6 +10,7 @@ and over the two network-namespace nodes (mpirun one process per node, 2 x 2 wor
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -500,3 +501,42 @@ def test_plan_never_puts_a_dash_address_on_torchruns_command_line(no_gpus, monke
     with pytest.raises(DistEnvError) as err:
         run.plan(["--nproc-per-node", "2", "python", "t.py"], OMPI_PPR1)
     assert "master_addr='-oProxyCommand=x'" in str(err.value) and "Fix: set MASTER_ADDR" in str(err.value)
+
+
+def test_plan_checks_the_port_it_settles_on(monkeypatch, no_gpus):
+    """`distenv run --nproc-per-node 2 python t.py` with no launcher and torch's 29500 held by
+    another job: it picks a free port, as planned, instead of stopping at the bring-up's check
+    of the default it was about to replace (measured: exit 2, 'the master port 29500 ... is
+    already in use'). Under a launcher, rank 0 still stops on a derived port that is taken."""
+    from distenv import bringup
+
+    monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
+    for k in list(os.environ):
+        if k.startswith(("OMPI_", "PMI", "SLURM_", "DISTENV_", "TORCHELASTIC_", "MASTER_")):
+            monkeypatch.delenv(k)
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        try:
+            holder.bind(("0.0.0.0", 29500))
+            holder.listen(1)
+        except OSError:
+            pass  # held already: by another job here, which is the point
+        monkeypatch.setattr(bringup, "_checked", set())
+        p = run.plan(["--nproc-per-node", "2", "python", "t.py"], discover=True)
+        assert p.mode == "torchrun" and p.env.master_port != 29500
+        env0 = ompi(0, 2, 0, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="1",
+                    OMPI_MCA_orte_hnp_uri="2197356545.0;tcp://10.0.0.1:41231",
+                    OMPI_MCA_ess_base_jobid="2197356545")
+        for k, v in env0.items():
+            monkeypatch.setenv(k, v)
+        port = resolve(env0).master_port
+        assert resolve(env0).provenance["master_port"].startswith("derived")
+        with socket.socket() as taken:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            taken.bind(("0.0.0.0", port))
+            taken.listen(1)
+            with pytest.raises(DistEnvError, match=rf"the master port {port} .* already in use"):
+                run.plan(["python", "t.py"], discover=True)
+    finally:
+        holder.close()
