@@ -59,6 +59,9 @@ FIX = ("Fix: leave the DSTACK_* variables as dstack's runner sets them (do not s
 IPS = "DSTACK_NODES_IPS"
 #: How the resolver records a processes-per-node count the user gave (resolver._wanted).
 GIVEN = ("DISTENV_NPROC_PER_NODE=", "given to resolve()")
+#: ... of which these words are no count but a rule each node applies to itself (auto, gpu:
+#: its own GPUs; cpu: its own cores), so the counts differ where the nodes do.
+PER_NODE_WORDS = ("auto", "gpu", "cpu")
 
 
 class Dstack(NodeList):
@@ -106,7 +109,9 @@ class Dstack(NodeList):
         from this node's GPUs (the others would start a different number)."""
         per = get_int(env, "DSTACK_GPUS_PER_NODE", self.title)
         total = _uneven(env, r.get("num_nodes"), per or 0)
-        if total is None or r.why.get("nproc_per_node", "").startswith(GIVEN):
+        why = r.why.get("nproc_per_node", "")
+        word = why.partition("=")[2].partition(" ")[0].lower() in PER_NODE_WORDS
+        if total is None or (why.startswith(GIVEN) and not word):
             return
         raise DistEnvError(
             f"DSTACK_GPUS_NUM={total} is not DSTACK_NODES_NUM={r.get('num_nodes')} x "

@@ -67,6 +67,14 @@ def test_nodes_with_different_gpu_counts_need_the_workers_per_node(no_gpus):
     given = resolve(dict(uneven, DISTENV_NPROC_PER_NODE="2"))
     assert (given.nproc_per_node, given.world_size) == (2, 4)
     assert resolve(uneven, nproc_per_node=2).world_size == 4
+    # a word is no count: each node applies it to its own GPUs (or cores), and the nodes differ
+    # (it passed before: this node's 8 GPUs gave world 16 while the other node ran 4)
+    eight = dict(uneven, CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
+    for word in ("gpu", "auto", "GPU", "cpu"):
+        with pytest.raises(DistEnvError, match="DSTACK_GPUS_NUM=12 is not"):
+            resolve(dict(eight, DISTENV_NPROC_PER_NODE=word))
+        with pytest.raises(DistEnvError, match="DSTACK_GPUS_NUM=12 is not"):
+            resolve(eight, nproc_per_node=word)
 
 
 def test_a_cpu_node_runs_one_worker_without_a_gpu(no_gpus):
