@@ -50,11 +50,18 @@ apt_install() {
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# venv_want SPEC...: what .distenv-installed records for SPEC under today's pins.
+venv_want() {
+    printf '%s pins=%s' "$*" "$(cat "$DISTENV_INTEGRATIONS_DIR"/frameworks/constraints*.txt | sha1sum | cut -c1-12)"
+}
+
 # venv_pip_install VENV_DIR SPEC...: creates VENV_DIR (if needed) and pip-installs SPEC
-# into it. A no-op when VENV_DIR/.distenv-installed records the same SPECs.
+# into it. A no-op when VENV_DIR/.distenv-installed records the same SPECs and the same
+# pins (integrations/frameworks/constraints*.txt): a moved pin reinstalls.
 venv_pip_install() {
     local venv="$1"; shift
-    local want="$*"
+    local want
+    want=$(venv_want "$@")
     if [ -f "$venv/.distenv-installed" ] && [ "$(cat "$venv/.distenv-installed")" = "$want" ]; then
         log "already installed: $want in $venv"
         return 0

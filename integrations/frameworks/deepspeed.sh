@@ -19,7 +19,7 @@ C="$PWD/integrations/frameworks/constraints.txt"
 export PIP_CONSTRAINT="$C" DS_BUILD_OPS=0
 V="${DISTENV_DEEPSPEED_VENV:-$PWD/.venvs/deepspeed}"
 spec=(-c "$C" --no-build-isolation torch==2.13.0 "deepspeed>=0.16" pytest pytest-timeout)
-if [ "$(cat "$V/.distenv-installed" 2>/dev/null)" != "${spec[*]}" ]; then
+if [ "$(cat "$V/.distenv-installed" 2>/dev/null)" != "$(venv_want "${spec[@]}")" ]; then
     # First distenv and what deepspeed's no-isolation build imports (torch, setuptools).
     venv_pip_install "$V" -c "$C" -e . torch==2.13.0 setuptools wheel packaging ninja
 fi

@@ -13,7 +13,8 @@ venv="${DISTENV_JAX_VENV:-$DISTENV_REPO_DIR/.venvs/jax}"  # tox: its env dir
 py="$venv/bin/python"
 
 install() {
-    venv_pip_install "$venv" -e "$DISTENV_REPO_DIR" "$DISTENV_JAX_SPEC" "$DISTENV_KERAS_SPEC" \
+    venv_pip_install "$venv" -c "$DISTENV_REPO_DIR/integrations/frameworks/constraints.txt" \
+        -e "$DISTENV_REPO_DIR" "$DISTENV_JAX_SPEC" "$DISTENV_KERAS_SPEC" \
         numpy pytest pytest-timeout
     # The CPU wheel only: a CUDA plugin would make every test host look like a GPU host.
     "$py" - <<'PY'

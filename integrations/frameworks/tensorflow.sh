@@ -23,7 +23,8 @@ install() {
     local mm=${tf%.*}
     if ! "$py" -c "from importlib.metadata import version; import sys; sys.exit(not version('tf-keras').startswith('$mm.'))" 2>/dev/null; then
         log "pip install tf-keras~=$mm.0 --no-deps into $venv"
-        "$py" -m pip install -q --disable-pip-version-check --no-deps "tf-keras~=$mm.0"
+        "$py" -m pip install -q --disable-pip-version-check --no-deps \
+            -c "$DISTENV_REPO_DIR/integrations/frameworks/constraints.txt" "tf-keras~=$mm.0"
     fi
     # Versions must match, and tf-keras must not have dragged in the CUDA `tensorflow`.
     "$py" - <<'EOF'

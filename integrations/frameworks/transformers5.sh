@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . integrations/common.sh
 C="$PWD/integrations/frameworks/constraints.txt"
-export PIP_CONSTRAINT="$C"
+T="$PWD/integrations/frameworks/constraints-transformers5.txt"  # this venv's Transformers
+export PIP_CONSTRAINT="$C $T"
 V="${DISTENV_TRANSFORMERS5_VENV:-$PWD/.venvs/transformers5}"
-venv_pip_install "$V" -c "$C" -e . torch==2.13.0 \
+venv_pip_install "$V" -c "$C" -c "$T" -e . torch==2.13.0 \
     "transformers>=5,<6" "accelerate>=1.10" pytest pytest-timeout
 "$V/bin/python" -c \
     'import transformers, accelerate, torch; print(transformers.__version__, accelerate.__version__, torch.__version__)'

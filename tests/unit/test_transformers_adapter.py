@@ -247,15 +247,45 @@ def test_state_built_wrong_after_patch_is_an_error(monkeypatch, fake_process_gro
         PartialState()
 
 
+def _accelerate_sees_gpus(monkeypatch):
+    """Make Accelerate's own GPU check answer "CUDA", through the function its
+    `PartialState._prepare_backend` consults (read from its source): Accelerate >= 1.16 asks
+    `get_torch_accelerator_backend()`, older ones `torch.cuda.is_available()`. An Accelerate
+    that asks neither fails here, naming what to update, instead of passing untested."""
+    import inspect
+
+    import accelerate
+    import accelerate.state as state
+    import torch
+
+    source = inspect.getsource(state.PartialState._prepare_backend)
+    if "get_torch_accelerator_backend(" in source:
+        monkeypatch.setattr(state, "get_torch_accelerator_backend",
+                            lambda check_available=True: ("cuda", torch.cuda))
+    elif "torch.cuda.is_available()" in source:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    else:
+        pytest.fail(f"Accelerate {accelerate.__version__}'s _prepare_backend consults neither "
+                    "get_torch_accelerator_backend() nor torch.cuda.is_available(): teach "
+                    "_accelerate_sees_gpus what it asks now")
+
+
 def test_baseline_gpu_and_mpirun_undistributed(monkeypatch):
     """With GPUs, Accelerate goes distributed only when LOCAL_RANK is set: under mpirun it
     is not, so every rank trains alone. After patch() it is (Accelerate's own choice)."""
     need("accelerate")
-    import torch
+    import accelerate
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _accelerate_sees_gpus(monkeypatch)
+    # the stand-in GPUs convince this Accelerate: with LOCAL_RANK (torchrun's) it is multi-GPU
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    got = PartialState._prepare_backend(dt._Probe(), False, False, None)
+    assert got == ("nccl", DistributedType.MULTI_GPU), (
+        f"Accelerate {accelerate.__version__} no longer sees the stand-in GPUs ({got}): "
+        "update _accelerate_sees_gpus")
+    monkeypatch.delenv("LOCAL_RANK")
     launch()
     _backend, kind = PartialState._prepare_backend(dt._Probe(), False, False, None)
     assert kind == DistributedType.NO
