@@ -1,11 +1,11 @@
-"""The key-value exchange (distenv.pmi) against a bare MPI_Init, in the same mpiexec run.
+"""The key-value exchange (distenv.discovery.pmi) against a bare MPI_Init, in the same mpiexec run.
 
     .venv/bin/python benchmarks/bench_pmi.py [--np 64[,128,...]] [--runs 3]
                                              [--launcher mpich4|mpich5|intelmpi] [--pmi-port]
                                              [--compare OTHER/src]
 
 Every rank of one `mpiexec -np N` (one machine, oversubscribed) runs the exchange
-(`distenv.pmi.exchange`), then mpi4py's `MPI_Init` (mpi4py imported beforehand with
+(`distenv.discovery.pmi.exchange`), then mpi4py's `MPI_Init` (mpi4py imported beforehand with
 rc.initialize=False, so only the call is timed). Ranks start seconds apart on a loaded
 machine, and both steps wait for the last rank, so each step's cost is measured from the
 moment the *last* rank entered it to the moment the last rank left it (CLOCK_MONOTONIC is
@@ -40,7 +40,7 @@ import mpi4py
 mpi4py.rc.initialize = False
 mpi4py.rc.finalize = True
 from mpi4py import MPI
-from distenv import pmi
+from distenv.discovery import pmi
 t0 = time.monotonic()
 ex = pmi.exchange(timeout=300)
 t1 = time.monotonic()

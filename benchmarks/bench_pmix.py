@@ -1,4 +1,4 @@
-"""The PMIx placement query (distenv.pmix, through distenv.discover) against a bare MPI_Init,
+"""The PMIx placement query (distenv.discovery.pmix, through distenv.discover) against a bare MPI_Init,
 in the same mpirun run.
 
     .venv/bin/python benchmarks/bench_pmix.py [--np 64[,128,...]] [--runs 3]
@@ -12,7 +12,7 @@ beforehand so only the call is timed), an all-reduce that checks the job, and
 entered it to the moment the last rank left it (CLOCK_MONOTONIC is one clock for every
 process of a machine). Issue 20's goal: at 64 ranks the query within MPI_Init + 50 ms.
 
-Open MPI 5: the query runs in a child interpreter through `distenv.pmix_relay`
+Open MPI 5: the query runs in a child interpreter through `distenv.discovery.pmix_relay`
 (docs/discovery.md); `stress_pmix.py` counts how often MPI_Init after it fails, with and without
 the relay.
 """

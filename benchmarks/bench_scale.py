@@ -107,7 +107,8 @@ def placement(ranks: int) -> None:
 # -- the hand-off of distenv run -------------------------------------------------------------------
 HANDOFF_RANK = textwrap.dedent("""
     import os, sys
-    from distenv import pmi, run
+    from distenv import run
+    from distenv.discovery import pmi
     ranks = int(sys.argv[2])
     nodes = ranks // 8
     hosts = [f"nid{r % nodes:06d}.cluster.example.org" for r in range(ranks)]
@@ -117,7 +118,7 @@ HANDOFF_RANK = textwrap.dedent("""
 """)
 HANDOFF_COMMAND = textwrap.dedent("""
     import json, os
-    from distenv import pmi
+    from distenv.discovery import pmi
     from distenv.discovery import complete
     env = complete(need=("master_addr", "node_rank"))
     print(json.dumps({"ranks": pmi.inherited().size, "nodes": env.num_nodes,
@@ -196,7 +197,7 @@ def fake_pmix(work: Path) -> "str | None":
 
 PMIX_RANK = textwrap.dedent("""
     import ctypes, json, os, sys, time
-    from distenv import pmix
+    from distenv.discovery import pmix
     lib, full = sys.argv[1], sys.argv[2] == "full"
     found = pmix.Offer("fake@1", 1, "orte", "orted", [lib], [], "PMIx server orted")
     t0 = time.perf_counter()
@@ -252,7 +253,7 @@ class Proxy(threading.Thread):
             pass
 
     def serve(self) -> None:
-        from distenv import pmi
+        from distenv.discovery import pmi
 
         f = self.sock.makefile("rwb", buffering=1 << 16)
         nodes = self.size // PER_NODE
@@ -297,7 +298,7 @@ class Proxy(threading.Thread):
 
 def exchange_once(rank: int, size: int, missing: "int | None" = None, timeout: float = 300
                   ) -> "tuple[float, int, str]":
-    from distenv import pmi
+    from distenv.discovery import pmi
 
     pmi._done = None
     pmi._hold = lambda sock, *_: sock.close()  # no holder: the bench keeps nothing

@@ -1,5 +1,5 @@
 """MPI_Init after the PMIx query, many small jobs: how often a job fails, with the query's
-connection held by `distenv.pmix_relay` (the default) and without it (DISTENV_PMIX_RELAY=0).
+connection held by `distenv.discovery.pmix_relay` (the default) and without it (DISTENV_PMIX_RELAY=0).
 
     .venv/bin/python benchmarks/stress_pmix.py [--jobs 200] [--np 4] [--parallel 2]
                                                [--launcher openmpi5|openmpi4]

@@ -70,7 +70,7 @@ def record(environ: dict[str, str] | None = None) -> dict:
     env = {k: clean_value(k, v) for k, v in sorted(environ.items()) if is_launcher_var(k)}
     out = {"hostname": socket.gethostname(), "pid": os.getpid(), "env": env}
     apinfo = environ.get("PALS_APINFO")
-    if apinfo:  # Cray PALS's placement file (distenv.apinfo): kept whole, base64
+    if apinfo:  # Cray PALS's placement file (distenv.discovery.apinfo): kept whole, base64
         import base64
 
         try:

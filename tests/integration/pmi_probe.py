@@ -29,7 +29,7 @@ def launcher_rank() -> int:
     return int(os.environ.get("PMI_RANK", os.environ.get("PMI_ID", "-1")))
 
 
-CHILD = ("import json, distenv.pmi as p, distenv.discovery as d; o, why = p.offer(); "
+CHILD = ("import json, distenv.discovery.pmi as p, distenv.discovery as d; o, why = p.offer(); "
          "e = d.complete(need=('master_addr',)); "
          "print(json.dumps({'offer': None if o is None else o.mode, 'why': why, "
          "'master_addr': e.master_addr}))")
@@ -52,7 +52,7 @@ def children() -> dict:
         try:
             os.environ.pop("MASTER_ADDR", None)
             import distenv.discovery as d
-            import distenv.pmi as pm
+            import distenv.discovery.pmi as pm
 
             o, why = pm.offer()
             from distenv import resolve
@@ -130,7 +130,7 @@ def fault_mode(drop: int, timeout: str) -> None:
 
 
 def after_run() -> None:
-    import distenv.pmi as pm
+    import distenv.discovery.pmi as pm
 
     o, why = pm.offer()
     from distenv.discovery import complete

@@ -18,7 +18,7 @@
     pmix_probe.py deepspeed         distenv.deepspeed.prepare(): the variables it exports
     pmix_probe.py after-run         the command `distenv run` exec'ed: what it was given, and
                                     that it completes without asking the server again
-    pmix_probe.py dead-child LIBMPI distenv.pmix's child query, but the child exits without
+    pmix_probe.py dead-child LIBMPI distenv.discovery.pmix's child query, but the child exits without
                                     PMIx_Finalize (the server counts it a dead rank, as when its
                                     close overtakes the "finalized" mark), through the relay
                                     unless DISTENV_PMIX_RELAY=0; then the same MPI job
@@ -87,7 +87,7 @@ def discover_mode(libmpi: str) -> None:
     sys.modules["mpi4py"] = None  # type: ignore[assignment]
     had_master = "MASTER_ADDR" in os.environ
     import distenv
-    import distenv.pmix as pmix
+    import distenv.discovery.pmix as pmix
 
     before = distenv.resolve()
     t0 = time.monotonic()
@@ -110,7 +110,7 @@ def mpi_first_mode(libmpi: str) -> None:
     m = ctypes.CDLL(libmpi, mode=ctypes.RTLD_GLOBAL)
     rc = m.MPI_Init(None, None)
     import distenv
-    import distenv.pmix as pmix
+    import distenv.discovery.pmix as pmix
 
     env = distenv.discover(method="pmix")
     answer = pmix.query()
@@ -160,7 +160,7 @@ def torch_mode(libmpi: str) -> None:
           "mpi": mpi_job(libmpi)})
 
 
-CHILD = ("import json, distenv.pmix as p, distenv.discovery as d; o, why = p.offer(); "
+CHILD = ("import json, distenv.discovery.pmix as p, distenv.discovery as d; o, why = p.offer(); "
          "e = d.complete(need=('master_addr', 'node_rank')); "
          "print(json.dumps({'offer': None if o is None else o.kind, 'why': why, "
          "'node_rank': e.node_rank, 'used': p.used()}))")
@@ -180,7 +180,7 @@ def guards_mode() -> None:
         os.close(r)
         try:
             import distenv.discovery as d
-            import distenv.pmix as pm
+            import distenv.discovery.pmix as pm
 
             o, why = pm.offer()
             e = d.complete(need=("master_addr", "node_rank"))
@@ -248,7 +248,7 @@ def deepspeed_mode() -> None:
 
 
 def after_run() -> None:
-    import distenv.pmix as pm
+    import distenv.discovery.pmix as pm
     from distenv.discovery import complete
 
     o, why = pm.offer()
@@ -265,7 +265,7 @@ def after_run() -> None:
 DEAD_CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from distenv import pmix
+from distenv.discovery import pmix
 lib = pmix._load(sys.argv[2:], [])
 lib.init()
 print(json.dumps(pmix._query(lib)[2]))
@@ -275,13 +275,13 @@ os._exit(0)
 
 
 def dead_child(libmpi: str) -> None:
-    from distenv import pmix, pmix_relay
+    from distenv.discovery import pmix, pmix_relay
 
     found, why = pmix.offer()
     assert found is not None, why
     relay = pmix_relay.open_relay(os.environ)  # None with DISTENV_PMIX_RELAY=0
     env = None if relay is None else {**os.environ, **relay.env}
-    src = os.path.dirname(os.path.dirname(pmix.__file__))
+    src = os.path.dirname(os.path.dirname(os.path.dirname(pmix.__file__)))
     p = subprocess.run([sys.executable, "-S", "-E", "-s", "-c", DEAD_CHILD, src, *found.libs],
                        env=env, capture_output=True, text=True, timeout=120)
     if relay is not None:

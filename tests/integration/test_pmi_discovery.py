@@ -1,4 +1,4 @@
-"""Discovery through the launcher's key-value service (distenv.pmi), under the real launchers.
+"""Discovery through the launcher's key-value service (distenv.discovery.pmi), under the real launchers.
 
 Every launch here runs on the two namespace nodes with `mpiexec` started inside node1 and
 rank 0 on node2 (`-hosts node2:2,node1:2`): the node mpiexec was not started from. No
@@ -136,7 +136,7 @@ def test_torch_all_reduces_then_mpi_init_works(need, torch_python, tmp_path, lau
 #: One rank: the exchange, counting what it sent (`get`s, barriers), then a bare MPI_Init.
 READS = r"""
 import json, os, sys
-from distenv import pmi
+from distenv.discovery import pmi
 sent = []
 call = pmi._Conn.call
 def counting(self, line, expect):

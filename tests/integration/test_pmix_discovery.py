@@ -1,4 +1,4 @@
-"""Discovery through the launcher's PMIx server (distenv.pmix), under the real Open MPI 4 and 5.
+"""Discovery through the launcher's PMIx server (distenv.discovery.pmix), under the real Open MPI 4 and 5.
 
 No MASTER_ADDR anywhere (the harness's clean environment drops it; the probe asserts it),
 and no mpi4py (the probe hides it: `discover(method="auto")` once demanded it).
@@ -11,7 +11,7 @@ and no mpi4py (the probe hides it: `discover(method="auto")` once demanded it).
   processes says.
 - MPI after discovery, in the same process: MPI_Init through the launcher's own libmpi
   (ctypes), an all-reduce and an all-gather, MPI_Finalize, and the job exits 0 (the
-  version-dependent handling of distenv.pmix: in-process for ORTE, a child process for PRRTE).
+  version-dependent handling of distenv.discovery.pmix: in-process for ORTE, a child process for PRRTE).
 - `distenv.torch.init_process_group("gloo")` with no MASTER_ADDR joins the 4 ranks at node2
   and all-reduces, then MPI works in the same processes.
 - A forked and a spawned child that inherited the PMIx variables refuse the service.
@@ -124,7 +124,7 @@ def test_discover_fills_every_field_then_mpi_init_works(need, name):
             for field in unknown:
                 assert r["why"][field].startswith("PMIx placement (pmix.hname of every rank"), \
                     (field, detail)
-        # the version-dependent handling (distenv.pmix): ORTE in this process, PRRTE a child
+        # the version-dependent handling (distenv.discovery.pmix): ORTE in this process, PRRTE a child
         assert r["mode"] == ("in-process" if mpi == "openmpi4" else "child"), detail
         # PRRTE's server is reached over TCP: the child's connection went through the relay
         assert r["relayed"] is (mpi == "openmpi5"), detail

@@ -1,4 +1,4 @@
-"""Cray PALS's apinfo file (src/distenv/apinfo.py): the real files SLURM 22.05's cray_shasta
+"""Cray PALS's apinfo file (src/distenv/discovery/apinfo.py): the real files SLURM 22.05's cray_shasta
 plugin wrote on the two namespace nodes (kept, base64, in
 tests/fixtures/launchers/cluster-srun-cray-*.json by integrations/record/record_env.py), and
 files cut short, of another version, oversized or pointing outside themselves -- which leave
@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distenv import apinfo, resolve
-from distenv.apinfo import ApinfoError, ApinfoUnreadable
+from distenv import resolve
+from distenv.discovery import apinfo
+from distenv.discovery.apinfo import ApinfoError, ApinfoUnreadable
 from distenv.description import DECLINED
 from distenv.discovery import complete
 

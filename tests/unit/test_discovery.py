@@ -71,7 +71,8 @@ def test_one_node_keeps_loopback():
 
 # -- a per-node launch completed from a service's answer (one helper for PMI-1 and PMIx) ----------
 def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
-    from distenv import DistEnvError, pmi, pmix, resolve
+    from distenv import DistEnvError, resolve
+    from distenv.discovery import pmi, pmix
     from distenv.discovery.apply import apply
     from distenv.discovery.services import Pmi, Pmix
 
@@ -98,7 +99,7 @@ def test_the_exchange_port_replaces_only_a_port_distenv_chose():
     port and the world size go once the service filled them (Note.about)."""
     import pickle
 
-    from distenv import pmi
+    from distenv.discovery import pmi
     from distenv.description import DEFAULT, DERIVED, Why, kind_of
     from distenv.discovery.apply import apply
     from distenv.discovery.services import Pmi

@@ -18,7 +18,8 @@ RANKS, NODES = 50_000, 6_250
 
 RANK = textwrap.dedent(f"""
     import os, sys
-    from distenv import pmi, run
+    from distenv import run
+    from distenv.discovery import pmi
     hosts = [f"nid{{r % {NODES}:06d}}.cluster.example.org" for r in range({RANKS})]  # cyclic
     # as if this rank had just run the exchange: its answer is kept, and asked again it answers
     pmi._done = (os.getpid(), pmi.Exchange(1, {RANKS}, hosts, "fd", 0.0, "t", "kvs_1_0_x"))
@@ -27,7 +28,7 @@ RANK = textwrap.dedent(f"""
 """)
 COMMAND = textwrap.dedent("""
     import json, os
-    from distenv import pmi
+    from distenv.discovery import pmi
     from distenv.discovery import complete
     env = complete(need=("master_addr", "node_rank"))
     got = pmi.inherited()

@@ -1,4 +1,4 @@
-"""The holder (src/distenv/_holder.py) and the walk up to the launcher's daemon
+"""The holder (src/distenv/discovery/holder.py) and the walk up to the launcher's daemon
 (src/distenv/discovery/chain.py), with real processes and sockets: what the holder costs, who
 may talk to it, the SLURM stepd relay, and the task's claim."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from distenv import _holder
+from distenv.discovery import holder as _holder
 from distenv.discovery import chain as chains
 from distenv.discovery.chain import Chain, walk
 
@@ -40,7 +40,7 @@ def test_the_holder_holds_none_of_the_ranks_memory():
     211 MB measured). Then the rank frees its memory; the holder still holds a few MB."""
     p = run_py("""
         import os, sys
-        from distenv import _holder
+        from distenv.discovery import holder as _holder
         big = bytearray(200 << 20)
         for i in range(0, len(big), 4096):
             big[i] = 1
@@ -60,7 +60,7 @@ def test_the_holder_holds_none_of_the_ranks_memory():
 def test_holder_memory_is_independent_of_the_rank():
     code = """
         import os, sys, time
-        from distenv import _holder
+        from distenv.discovery import holder as _holder
         big = bytearray(200 << 20)
         for i in range(0, len(big), 4096):
             big[i] = 1
@@ -89,7 +89,7 @@ def test_sigchld_ignored_by_the_program_does_not_break_starting_the_holder():
     p = run_py("""
         import os, signal
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-        from distenv import _holder
+        from distenv.discovery import holder as _holder
         h = _holder.start(os.getpid(), _holder.start_time(os.getpid()))
         print("started", h.pid > 0)
     """)
@@ -299,7 +299,7 @@ def test_a_later_program_of_the_task_gets_the_first_ones_answer():
         h.ask("claim", fds=[claim.fileno()], answer='{"said": 1}')
         claim.close()
         code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-                "from distenv.discovery import chain as c; from distenv import _holder; "
+                "from distenv.discovery import chain as c; from distenv.discovery import holder as _holder; "
                 f"ch = c.Chain(1, 'fake', 'Hydra', {me}, {chain.task_start}, ['bash']); "
                 "print(c.earlier_answer('test-claim', ch, 5))")
         p = subprocess.run([sys.executable, "-c", code, os.path.abspath(SRC)],
@@ -322,7 +322,7 @@ def test_the_ranks_of_one_daemon_on_a_node_share_one_holder():
     ends when the last of their tasks has ended."""
     code = textwrap.dedent(f"""
         import os, sys
-        from distenv import _holder
+        from distenv.discovery import holder as _holder
         h = _holder.start(os.getpid(), _holder.start_time(os.getpid()), daemon={ME!r})
         print(h.pid, flush=True)
         sys.stdin.readline()
@@ -373,7 +373,8 @@ def test_a_process_outside_its_daemons_tree_is_refused(tmp_path):
 def test_the_services_look_for_the_clients_own_hand_off_variables():
     """discovery.services checks DISTENV_PMI_HELD / DISTENV_PMIX_HELD before importing a
     client (import costs a rank milliseconds): the names must be the clients' own."""
-    from distenv import knobs, pmi, pmix
+    from distenv import knobs
+    from distenv.discovery import pmi, pmix
     from distenv.discovery import services
 
     assert pmi.HELD_VAR is knobs.PMI_HELD and pmix.HELD_VAR is knobs.PMIX_HELD
@@ -382,8 +383,8 @@ def test_the_services_look_for_the_clients_own_hand_off_variables():
     # absent: the client is not even imported; present: it is asked (and ignores a value that
     # is not this process's hand-off)
     code = ("import sys\nfrom distenv.discovery import services\n"
-            "for name, s, mod in (('DISTENV_PMI_HELD', services.Pmi(), 'distenv.pmi'),"
-            " ('DISTENV_PMIX_HELD', services.Pmix(), 'distenv.pmix')):\n"
+            "for name, s, mod in (('DISTENV_PMI_HELD', services.Pmi(), 'distenv.discovery.pmi'),"
+            " ('DISTENV_PMIX_HELD', services.Pmix(), 'distenv.discovery.pmix')):\n"
             "    assert s.inherited({}) is None and mod not in sys.modules\n"
             "    assert s.inherited({name: 'x'}) is None and mod in sys.modules\n"
             "print('ok')\n")

@@ -267,8 +267,8 @@ def test_no_adapter_imports_another_except_its_backend():
 #: The wire-protocol clients: each speaks its own protocol, whose servers and variables it must
 #: name (PMI-1's PMI_FD and Hydra's proxy, PMIx's PMIX_* and daemons, the apinfo's PALS_APINFO),
 #: and the discovery services that stand for them.
-PROTOCOL_CLIENTS = ("distenv.pmi", "distenv.pmix", "distenv.pmix_relay", "distenv.apinfo",
-                    "distenv.discovery.services")
+PROTOCOL_CLIENTS = ("distenv.discovery.pmi", "distenv.discovery.pmix", "distenv.discovery.pmix_relay",
+                    "distenv.discovery.apinfo", "distenv.discovery.services")
 
 
 def _outside_sources(name: str) -> bool:

@@ -1,4 +1,4 @@
-"""distenv.pmi against a fake Hydra proxy (the real ones: tests/integration/test_pmi_discovery.py).
+"""distenv.discovery.pmi against a fake Hydra proxy (the real ones: tests/integration/test_pmi_discovery.py).
 
 The fake speaks the dialects measured from MPICH 4 (``msg=`` fields, rc last) and MPICH 5
 (rc first, ``tag=`` on barrier_out), on a socket pair (PMI_FD) or TCP (-pmi-port).
@@ -17,7 +17,8 @@ import types
 
 import pytest
 
-from distenv import DistEnvError, pmi, ports, resolve
+from distenv import DistEnvError, ports, resolve
+from distenv.discovery import pmi
 from distenv.description import DECLINED, about
 from distenv.discovery import PMI_WHY, complete
 from distenv.discovery.apply import apply
@@ -307,7 +308,7 @@ def test_a_process_not_started_by_the_proxy_keeps_its_fd_untouched():
     """A child given a socket as PMI_FD, whose parent is not Hydra's proxy: refused, and the
     fd never read or written (the test's end of the pair stays empty)."""
     ours, theirs = socket.socketpair()
-    code = ("import os, distenv.discovery as d, distenv.pmi as p; o, why = p.offer(); "
+    code = ("import os, distenv.discovery as d, distenv.discovery.pmi as p; o, why = p.offer(); "
             "e = d.complete(need=('master_addr',)); print(o, e.master_addr, why)")
     # a fresh environment: other tests may have exported RANK, MASTER_ADDR, ... into this one
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **HYDRA, "PMI_FD": str(theirs.fileno()),
@@ -328,7 +329,7 @@ def test_watcher_finalizes_after_the_process_ends_however_it_ends():
     gen = 1  # the child's first exchange
     proxy = FakeProxy(ours, MPICH5, {key(0, gen): "node2"})
     proxy.start()
-    code = ("import os, sys, time, distenv.pmi as p; "
+    code = ("import os, sys, time, distenv.discovery.pmi as p; "
             "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=1, size=2); "
             "ex = p.exchange({}, timeout=5, found=o); print(ex.hosts, flush=True); "
             "sys.stdin.readline(); os._exit(0)")
@@ -627,7 +628,7 @@ def test_every_rank_of_a_job_learns_the_same_placement():
     gets every rank's host; rank 0 makes 11 gets, every other rank one."""
     size = 12
     proxy = SharedProxy(size)
-    code = ("import json, os, socket, sys, distenv.pmi as p; r = int(sys.argv[2]); "
+    code = ("import json, os, socket, sys, distenv.discovery.pmi as p; r = int(sys.argv[2]); "
             "socket.gethostname = lambda: 'n%d' % (r % 3); "
             "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=r, size=int(sys.argv[3])); "
             "ex = p.exchange({}, timeout=30, found=o); print(json.dumps(ex.hosts), flush=True); "
@@ -674,7 +675,7 @@ def test_every_rank_gets_rank_0s_port():
     """Rank 0's free port travels in the summary: every rank of the job has the same."""
     size = 3
     proxy = SharedProxy(size, MPICH5)
-    code = ("import json, os, sys, distenv.pmi as p; r = int(sys.argv[2]); "
+    code = ("import json, os, sys, distenv.discovery.pmi as p; r = int(sys.argv[2]); "
             "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=r, size=3); "
             "ex = p.exchange({}, timeout=30, found=o); print(json.dumps(ex.port), flush=True); "
             "os._exit(0)")
@@ -724,7 +725,7 @@ def test_a_program_that_ignores_sigchld_still_exchanges():
     proxy = FakeProxy(ours, MPICH4, {key(0, 1): "node2"})
     proxy.start()
     code = ("import signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
-            "import distenv.pmi as p; "
+            "import distenv.discovery.pmi as p; "
             "o = p.Offer('fd', 't', fd=int(sys.argv[1]), rank=1, size=2); "
             "print(p.exchange({}, timeout=10, found=o).hosts, flush=True)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -1,4 +1,4 @@
-"""distenv.pmix without a launcher: the ctypes layout and value decoding, the library lookup,
+"""distenv.discovery.pmix without a launcher: the ctypes layout and value decoding, the library lookup,
 the guards, the hand-over to an exec'ed command, the wiring into discovery, and -- against a
 fake libpmix compiled here (skipped without a C compiler) -- the query in both modes and its
 timeout. The real servers: tests/integration/test_pmix_discovery.py."""
@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from distenv import DistEnvError, discovery, pmix, resolve
+from distenv import DistEnvError, discovery, resolve
+from distenv.discovery import pmix
 from distenv.discovery import PMIX_WHY, complete, discover
 from distenv.discovery.apply import apply
 from distenv.discovery.services import Pmix

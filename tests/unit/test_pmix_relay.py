@@ -1,4 +1,4 @@
-"""distenv.pmix_relay: the query process reaches the PMIx server through this process, and the
+"""distenv.discovery.pmix_relay: the query process reaches the PMIx server through this process, and the
 server's end stays open after the query process has closed (real sockets, a fake server)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from distenv import pmix_relay
-from distenv.pmix_relay import open_relay, server_address
+from distenv.discovery import pmix_relay
+from distenv.discovery.pmix_relay import open_relay, server_address
 
 URIS = ("PMIX_SERVER_URI41", "PMIX_SERVER_URI4", "PMIX_SERVER_URI3", "PMIX_SERVER_URI2")
 
@@ -124,7 +124,7 @@ def test_no_loopback_means_no_relay(monkeypatch, server):
 
 EXEC_AFTER = r"""
 import os, socket, sys, time
-from distenv.pmix_relay import open_relay
+from distenv.discovery.pmix_relay import open_relay
 port = int(sys.argv[1])
 relay = open_relay({"PMIX_SERVER_URI41": "srv.0;tcp4://127.0.0.1:%d" % port})
 client = socket.create_connection(("127.0.0.1", int(relay.env["PMIX_SERVER_URI41"].rsplit(":", 1)[1])))

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distenv import DistEnvError, pmi
-from distenv._handoff import decode_hosts
+from distenv import DistEnvError
+from distenv.discovery import pmi
+from distenv.discovery.handoff import decode_hosts
 from distenv.discovery.apply import Answer
 
 MB = 1 << 20

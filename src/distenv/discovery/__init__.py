@@ -116,7 +116,7 @@ def _ask(svc: "Service", environ: "Mapping[str, str]", found: Any, timeout: "flo
     try:
         # a later program of the task may need more than this one: the claim keeps every host
         ans = svc.ask(environ, found, timeout, env, None)
-        from .. import _holder
+        from . import holder as _holder
 
         try:
             holder = _holder.for_task(chain.task, chain.task_start, chain.daemon_id)

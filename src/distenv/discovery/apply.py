@@ -47,7 +47,7 @@ class Answer:
         """The answer as the claim hands it to later programs of the task (`from_json`)."""
         import json
 
-        from .._handoff import encode_hosts
+        from .handoff import encode_hosts
 
         return json.dumps({"service": self.service, "rank": self.rank, "size": self.size,
                            "hosts": encode_hosts(self.hosts), "why": self.why, "port": self.port,
@@ -59,7 +59,7 @@ class Answer:
         """`to_json` undone, or None when `text` is not such an answer."""
         import json
 
-        from .._handoff import decode_hosts
+        from .handoff import decode_hosts
 
         try:
             got = json.loads(text)

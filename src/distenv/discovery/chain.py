@@ -16,7 +16,7 @@ walk stops there and the service is refused, with the reason.
 
 When the task is not this process (a wrapper script), later programs of the same script
 may ask too: the first to ask takes the task's *claim* (an abstract Unix socket named after the
-task's pid and start time), and its holder (`distenv._holder`) answers the later ones with the
+task's pid and start time), and its holder (`distenv.discovery.holder`) answers the later ones with the
 same answer instead of letting them ask the service again.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from .._holder import parent_of, start_time
+from .holder import parent_of, start_time
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class Chain:
     @property
     def daemon_id(self) -> "tuple[int, int | None]":
         """The daemon's identity (pid, start time): the ranks it started on this node share
-        one holder (`distenv._holder`)."""
+        one holder (`distenv.discovery.holder`)."""
         return self.daemon, start_time(self.daemon)
 
     @property

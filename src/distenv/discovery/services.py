@@ -9,13 +9,13 @@ is about to exec (`handoff`, `inherited`: ``distenv run``). `distenv.discovery.c
 =========  ============================================  =========================================
 service    client                                        offered when
 =========  ============================================  =========================================
-apinfo     `distenv.apinfo`: Cray PALS's placement        ``PALS_APINFO`` names the file (HPE's
+apinfo     `distenv.discovery.apinfo`: Cray PALS's placement        ``PALS_APINFO`` names the file (HPE's
            file, read (no communication)                 PBS mpiexec, ``srun --mpi=cray_shasta``,
                                                          Flux's cray-pals)
-pmix       `distenv.pmix`: the launcher's libpmix        ``PMIX_*`` and the PMIx server is this
+pmix       `distenv.discovery.pmix`: the launcher's libpmix        ``PMIX_*`` and the PMIx server is this
            (ctypes)                                      task's daemon (Open MPI 4/5, PRRTE,
                                                          ``srun --mpi=pmix``)
-pmi        `distenv.pmi`: the PMI-1 wire protocol        ``PMI_FD`` or ``PMI_PORT`` and the
+pmi        `distenv.discovery.pmi`: the PMI-1 wire protocol        ``PMI_FD`` or ``PMI_PORT`` and the
            (standard library)                            daemon is Hydra's proxy or SLURM's
                                                          stepd (``srun --mpi=pmi2``)
 =========  ============================================  =========================================
@@ -82,18 +82,18 @@ class Apinfo(Service):
     markers = ("PALS_APINFO",)
 
     def soft(self, exc: Exception) -> bool:
-        from ..apinfo import ApinfoUnreadable
+        from .apinfo import ApinfoUnreadable
 
         return isinstance(exc, ApinfoUnreadable)
 
     def offer(self, environ: "Mapping[str, str]") -> "tuple[Any, str]":
-        from .. import apinfo
+        from . import apinfo
 
         return apinfo.offer(environ)
 
     def ask(self, environ: "Mapping[str, str]", found: Any, timeout: "float | None",
             env: "DistEnv", need: "tuple[str, ...] | None" = None) -> Answer:
-        from .. import apinfo
+        from . import apinfo
         from ..reading import get_int
 
         rank = get_int(environ, "PALS_RANKID", "Cray PALS")
@@ -113,12 +113,12 @@ class Pmix(Service):
     markers = ("PMIX_NAMESPACE",)
 
     def soft(self, exc: Exception) -> bool:
-        from ..pmix import PMIxUnavailable
+        from .pmix import PMIxUnavailable
 
         return isinstance(exc, PMIxUnavailable)
 
     def offer(self, environ: "Mapping[str, str]") -> "tuple[Any, str]":
-        from .. import pmix
+        from . import pmix
 
         return pmix.offer(environ)
 
@@ -129,7 +129,7 @@ class Pmix(Service):
 
     def ask(self, environ: "Mapping[str, str]", found: Any, timeout: "float | None",
             env: "DistEnv", need: "tuple[str, ...] | None" = None) -> Answer:
-        from .. import pmix
+        from . import pmix
 
         full = need is None or any(f in self.EVERY_HOST for f in need)
         return self.answer(pmix.query(environ=environ, timeout=timeout, found=found, full=full),
@@ -137,7 +137,7 @@ class Pmix(Service):
 
     @staticmethod
     def answer(got: Any, server: str = "") -> Answer:
-        """A `distenv.pmix.Placement` as an `Answer`."""
+        """A `distenv.discovery.pmix.Placement` as an `Answer`."""
 
         which = "every rank" if got.full else "rank 0"
         why = f"{PMIX_WHY} (pmix.hname of {which}{', ' + server if server else ''})"
@@ -150,13 +150,13 @@ class Pmix(Service):
 
         if not PMIX_HELD.is_set(environ):  # pmix.HELD_VAR, without importing pmix
             return None
-        from .. import pmix
+        from . import pmix
 
         got = pmix.inherited(environ)
         return None if got is None else self.answer(got)
 
     def handoff(self) -> "tuple[str, str] | None":
-        from .. import pmix
+        from . import pmix
 
         held = pmix.handoff()
         return None if held is None else (pmix.HELD_VAR, held)
@@ -168,19 +168,19 @@ class Pmi(Service):
     markers = ("PMI_FD", "PMI_PORT")
 
     def offer(self, environ: "Mapping[str, str]") -> "tuple[Any, str]":
-        from .. import pmi
+        from . import pmi
 
         return pmi.offer(environ)
 
     def ask(self, environ: "Mapping[str, str]", found: Any, timeout: "float | None",
             env: "DistEnv", need: "tuple[str, ...] | None" = None) -> Answer:
-        from .. import pmi
+        from . import pmi
 
         return self.answer(pmi.exchange(environ=environ, timeout=timeout, found=found))
 
     @staticmethod
     def answer(ex: Any) -> Answer:
-        """A `distenv.pmi.Exchange` as an `Answer`."""
+        """A `distenv.discovery.pmi.Exchange` as an `Answer`."""
 
         how = "PMI_FD" if ex.mode == "fd" else "-pmi-port"
         why = f"{PMI_WHY} ({ex.server}, {how})"
@@ -193,13 +193,13 @@ class Pmi(Service):
 
         if not PMI_HELD.is_set(environ):  # pmi.HELD_VAR, without importing pmi
             return None
-        from .. import pmi
+        from . import pmi
 
         ex = pmi.inherited(environ)
         return None if ex is None else self.answer(ex)
 
     def handoff(self) -> "tuple[str, str] | None":
-        from .. import pmi
+        from . import pmi
 
         held = pmi.handoff()
         return None if held is None else (pmi.HELD_VAR, held)

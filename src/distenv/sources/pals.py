@@ -1,13 +1,13 @@
 """HPE Cray PALS: HPE's PBS `mpiexec`, and the PALS variables other launchers add.
 
 PALS describes a job to Cray's PMI through variables and a binary file, the *apinfo*
-(`PALS_APINFO`, every rank's node and every node's host: `distenv.apinfo`). Two kinds of
+(`PALS_APINFO`, every rank's node and every node's host: `distenv.discovery.apinfo`). Two kinds of
 launch carry them:
 
 * **Another launcher's task** -- SLURM's ``--mpi=cray_shasta`` plugin and Flux's
   ``cray-pals`` shell plugin add the PALS variables to tasks their own variables describe.
   That launcher's source reads them (`detect` steps aside; nesting, as for MPI inside
-  ``sbatch``), and `distenv.apinfo` fills what its variables cannot prove. The proof that the
+  ``sbatch``), and `distenv.discovery.apinfo` fills what its variables cannot prove. The proof that the
   PALS variables belong to that very task: SLURM's plugin sets ``PALS_APID=<job>.<step>`` and
   ``PALS_RANKID`` = the global task id (``mpi_cray_shasta.c``, ``mpi_p_slurmstepd_task``;
   measured on two nodes, block, cyclic, arbitrary and heterogeneous: ``PALS_APID`` =
@@ -32,8 +32,8 @@ node_rank             **not PALS_NODEID**: that is the node's index in the appli
                       ``--distribution=arbitrary -w node2,node1,node1,node2``: rank 0 on
                       node2 has PALS_NODEID=1; in a heterogeneous step PALS_NODEID even
                       disagrees with the apinfo's own node index. Unknown here;
-                      `distenv.apinfo` proves it from the file at discovery time.
-master_addr           unknown (no variable names rank 0's host); `distenv.apinfo`.
+                      `distenv.discovery.apinfo` proves it from the file at discovery time.
+master_addr           unknown (no variable names rank 0's host); `distenv.discovery.apinfo`.
 master_port           derived from PALS_APID (one application id for all ranks), else
                       PBS_JOBID.
 ====================  ==================================================================

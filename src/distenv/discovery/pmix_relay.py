@@ -12,7 +12,7 @@ here; a client that never finalizes loses this way every time). The fix upstream
 callback into the server's thread (openpmix#3605); servers in use still have the race.
 
 With the relay the query process talks to the server through the task's holder
-(`distenv._holder`, a small exec'ed process): when the query process finalizes and exits, the
+(`distenv.discovery.holder`, a small exec'ed process): when the query process finalizes and exits, the
 holder keeps the server's connection open and drains it. The server sees the close when the
 task ends (the launcher's process: this one, or the job script that runs it; with ``distenv
 run``, the command it execs), long after it marked the client, so the close can no longer
@@ -70,7 +70,7 @@ class Relay:
         import os
         import socket
 
-        from . import _holder
+        from . import holder as _holder
 
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.bind(("127.0.0.1" if family == socket.AF_INET else "::1", 0))
@@ -94,7 +94,7 @@ class Relay:
     def stop(self, drop: bool = False) -> None:
         """No more connections; with `drop`, also close those held (the query failed: the
         server must see the loss now, as it would without the relay)."""
-        from . import _holder
+        from . import holder as _holder
 
         try:
             self.holder.ask("pmix_done", id=self.id, drop=drop)
@@ -106,7 +106,7 @@ def open_relay(environ: "Mapping[str, str]", chain: Any = None) -> "Relay | None
     """A started relay for the server `environ` names, held for `chain`'s task (default: this
     process), or None (not TCP, no holder, or ``DISTENV_PMIX_RELAY=0``: the query connects
     directly, for comparison or if the relay itself is in the way)."""
-    from .knobs import PMIX_RELAY
+    from ..knobs import PMIX_RELAY
 
     if not PMIX_RELAY.value(environ):
         return None
@@ -116,7 +116,7 @@ def open_relay(environ: "Mapping[str, str]", chain: Any = None) -> "Relay | None
     try:
         return Relay(environ, *where, chain=chain)
     except OSError as exc:  # HolderError too
-        from .log import get_logger
+        from ..log import get_logger
 
         get_logger(__name__).debug(f"PMIx relay not used ({exc}); the query connects directly")
         return None

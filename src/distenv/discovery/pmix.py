@@ -44,7 +44,7 @@ by server (measured, docs/launchers.md#pmix-and-mpi-init, and `tests/integration
   process that queries and finalizes leaves MPI_Init in the parent working. So the query
   runs in a fresh interpreter (``mode="child"``, started with ``subprocess``: no fork of a
   threaded parent) and nothing of PMIx is ever loaded here. The same for SLURM and any other
-  server. The child reaches a TCP server through `distenv.pmix_relay`, which holds the
+  server. The child reaches a TCP server through `distenv.discovery.pmix_relay`, which holds the
   server's end of that connection until this process ends: without it, about 1 job in 100
   hung in MPI_Init (PMIx 5.0's server can count a finalized client whose close arrives early
   as a lost rank; the relay's docstring and docs/discovery.md give the evidence).
@@ -67,9 +67,9 @@ from __future__ import annotations
 import os
 import time
 
-from . import knobs
-from .errors import DistEnvError
-from ._handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
+from .. import knobs
+from ..errors import DistEnvError
+from .handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
 from .pmix_relay import open_relay
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -141,7 +141,7 @@ class Placement:
                  full: bool = True) -> None:
         self.rank, self.size, self.hosts, self.nspace = rank, size, hosts, nspace
         self.lib, self.version, self.mode, self.seconds = lib, version, mode, seconds
-        #: The child's connection went through `distenv.pmix_relay` (held until exit).
+        #: The child's connection went through `distenv.discovery.pmix_relay` (held until exit).
         self.relayed = relayed
         #: Every rank's host (else rank 0's alone: `query(full=False)`).
         self.full = full
@@ -237,7 +237,7 @@ def server_kind(pid: int, exe: "str | None" = None, comm: "str | None" = None) -
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, "") or (None, why not). Reads /proc: call it only where
     communication is about to happen."""
-    from .knobs import PMIX
+    from ..knobs import PMIX
 
     environ = os.environ if environ is None else environ
     if not PMIX.value(environ):
@@ -250,7 +250,7 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
     refused = refusal(environ, HELD_VAR, os.getpid())
     if refused is not None:
         return None, refused
-    from .discovery.chain import walk
+    from .chain import walk
 
     chain, why_not = walk(lambda pid: server_kind(pid)[1],
                           "orted, prted, prterun, mpirun, slurmstepd")
@@ -448,7 +448,7 @@ def _load(libs: "Sequence[str]", tried: "Sequence[str]") -> _Lib:
 _CHILD = """\
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from distenv import pmix
+from distenv.discovery import pmix
 print(json.dumps(pmix._child_main(sys.argv[2:])))
 """
 
@@ -479,7 +479,7 @@ def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
     if not sys.executable:
         raise PMIxUnavailable("no Python interpreter to run the PMIx query in (sys.executable "
                               "is empty). Fix: set MASTER_ADDR (and NODE_RANK).")
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # -I -S: an isolated, bare interpreter (no current directory, user site, site or PYTHON*
     # variable runs before the query: a json.py in the rank's working directory ran inside it
     # with -S -E -s); distenv is found through `src`. The environment (PMIX_*) is this process's.
@@ -566,7 +566,7 @@ def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = 
     import sys
 
     if "logging" in sys.modules:  # a debug line cannot be shown otherwise: no import for it
-        from .log import get_logger
+        from ..log import get_logger
 
         relayed = ", the connection held by the relay" if answer.relayed else ""
         get_logger(__name__).debug(

@@ -178,7 +178,7 @@ def _spawn(name: str, guard: int) -> bool:
         os.set_inheritable(fd, True)
         # -I: isolated (no cwd, user site or PYTHON* variables); -S: no site at all.
         # posix_spawn, not subprocess: importing subprocess alone costs a rank ~13 ms.
-        from .knobs import HOLDER_LOG
+        from ..knobs import HOLDER_LOG
 
         # the log file, if any, as an argument: the holder runs outside the package (-I -S)
         argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(guard),

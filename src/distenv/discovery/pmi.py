@@ -80,9 +80,9 @@ import os
 import socket
 import time
 
-from . import knobs
-from .errors import DistEnvError
-from ._handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
+from .. import knobs
+from ..errors import DistEnvError
+from .handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def _comm(pid: int) -> str:
 def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, str]":
     """(how to reach the service, why) or (None, why not). Reads /proc and fstat's the fd:
     call it only where communication is about to happen."""
-    from .knobs import PMI
+    from ..knobs import PMI
 
     environ = os.environ if environ is None else environ
     if not PMI.value(environ):
@@ -156,7 +156,7 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
     refused = refusal(environ, HELD_VAR, os.getpid())
     if refused is not None:
         return None, refused
-    from .discovery.chain import walk
+    from .chain import walk
 
     chain, why_not = walk(lambda pid: SERVERS.get(_comm(pid)), ", ".join(SERVERS))
     if chain is None:
@@ -166,7 +166,7 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
     size = _int(environ, "PMI_SIZE")
     if server == "SLURM":
         # The stepd answers one `init` per task and kills the step on a second (measured):
-        # distenv's own exchange is that one, and its relay (distenv._holder) answers the
+        # distenv's own exchange is that one, and its relay (distenv.discovery.holder) answers the
         # MPI library's later init. A job script between them could start another program
         # that inits on the script's own connection, which no relay sees.
         if chain.wrapped:
@@ -290,12 +290,12 @@ class _Held:
 
 
 def _holder_for(found: Offer, deadline: "float | None" = None) -> _Held:
-    """This task's holder (`distenv._holder`: shared by the daemon's ranks on this node),
+    """This task's holder (`distenv.discovery.holder`: shared by the daemon's ranks on this node),
     reached before the exchange so that it overlaps the wait at the barriers; under SLURM's
     stepd it takes the relay now, paused until `_hold` (one message after the exchange, not a
     round trip: 64 ranks on 2 cores waited up to 180 ms for theirs). Reaching it ends by
     `deadline` (time.monotonic()), the exchange's."""
-    from . import _holder
+    from . import holder as _holder
 
     chain = found.chain
     timeout = 30.0 if deadline is None else max(deadline - time.monotonic(), 0.01)
@@ -321,7 +321,7 @@ def _holder_for(found: Offer, deadline: "float | None" = None) -> _Held:
 
 
 def _hold(sock: socket.socket, found: Offer, init: str, held: "_Held | None" = None) -> None:
-    """After the exchange: the connection goes to the holder (`distenv._holder`), which keeps
+    """After the exchange: the connection goes to the holder (`distenv.discovery.holder`), which keeps
     it until the task ends and then sends ``finalize`` -- however the task ends: return,
     ``os._exit``, an ``exec`` and the new program's exit. Measured: with -pmi-port (MPICH 4, 5)
     a connection closed without ``finalize`` makes Hydra kill the job; with PMI_FD, Intel MPI
@@ -334,7 +334,7 @@ def _hold(sock: socket.socket, found: Offer, init: str, held: "_Held | None" = N
     ours (`init`) and passing every other line on. No holder (no process to spare): the
     connection stays open here until this process exits, with a warning.
     """
-    from . import _holder
+    from . import holder as _holder
 
     held = _holder_for(found) if held is None else held
     try:
@@ -351,7 +351,7 @@ def _hold(sock: socket.socket, found: Offer, init: str, held: "_Held | None" = N
             held.holder.tell("finalize", fds=[sock.fileno()])
             sock.close()
     except (_holder.HolderError, OSError) as exc:
-        from .log import get_logger
+        from ..log import get_logger
 
         _kept.append(sock)
         get_logger(__name__).warning(
@@ -629,7 +629,7 @@ def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
         hosts.append(got["value"])
     # A missing host is published too ("!<rank>"): every rank then fails with rank 0's
     # reason at once, instead of waiting out its timeout at the second barrier.
-    from .ports import free, port_for
+    from ..ports import free, port_for
 
     port = free(port_for(f"hydra:{kvs}"))
     payload = f"!{missing[0]}" if missing is not None else encode(hosts, port)

@@ -1,4 +1,4 @@
-"""What the two launcher-service clients, `distenv.pmi` (Hydra's PMI-1) and `distenv.pmix`,
+"""What the two launcher-service clients, `distenv.discovery.pmi` (Hydra's PMI-1) and `distenv.discovery.pmix`,
 share: how a call begins (this process's earlier answer, the offer, the timeout), and what
 they hand the command they are about to exec (``distenv run``): the held-service guard and
 the compact host list ``<host>*<count>,...`` (the hosts of ranks 0.. in runs), in the
@@ -33,7 +33,7 @@ def begin(environ: "Mapping[str, str]", found: Any, timeout: "float | None",
         if found is None:
             raise fail(f"the launcher's {service} cannot be used here: {why_not}.{fix}")
     if timeout is None:
-        from .knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
+        from ..knobs import timeout as wait  # DISTENV_TIMEOUT's one parser
 
         timeout = wait(environ)
     return found, timeout

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import struct
 
-from .errors import DistEnvError
+from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def parse(data: bytes) -> Layout:
 
 def offer(environ: "Mapping[str, str]") -> "tuple[str | None, str]":
     """(the file's path, "") or (None, why not): no file named, or turned off."""
-    from .knobs import APINFO
+    from ..knobs import APINFO
 
     if not APINFO.value(environ):
         return None, f"{APINFO}=0"
