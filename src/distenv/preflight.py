@@ -224,7 +224,8 @@ def went_silent(m: Meeting, ids: "Iterable[object]") -> str:
 def twice(m: Meeting, index: int, first: str, second: str) -> str:
     return (f"{m.who}: two processes say they are {m.noun} {index} of {m.size} ({first} and "
             f"{second}): the launch started more processes than it numbered. Fix: start "
-            f"{m.size} {m.noun}s numbered 0 to {m.size - 1} (one launcher, one job).")
+            f"{m.size} {m.noun}{'es' if m.noun.endswith('s') else 's'} numbered 0 to {m.size - 1} "
+            "(one launcher, one job).")
 
 
 # -- the meeting -------------------------------------------------------------------------------
@@ -502,6 +503,7 @@ def _visit(m: Meeting, t0: float) -> None:
     pause = FIRST_PAUSE
     met: "tuple[int, int] | None" = None
     other = False
+    refused = 0  # requests in a row that found nothing listening at process 0's port
     addresses: "list[tuple[int, Any]]" = []
     while True:
         now = time.monotonic()
@@ -510,6 +512,10 @@ def _visit(m: Meeting, t0: float) -> None:
         if not addresses:
             addresses = _addresses(m.host, m.port)
         words = _ask(addresses, hello, end - now).split()
+        if words == ["refused"]:
+            refused += 1
+        elif words:
+            refused = 0
         if _settle(m, words, _at(m)):
             return
         if words[:1] == ["wait"] and len(words) == 4:
@@ -525,7 +531,9 @@ def _visit(m: Meeting, t0: float) -> None:
             other = True
         time.sleep(max(0.0, min(pause * jitter(), end - time.monotonic())))
         pause = min(pause * 1.5, cap)
-    raise DistEnvError(unreachable(m, met, other))
+    raise DistEnvError(unreachable(m, met, other, "nothing listens at its port: it has not "
+                                   "reached the pre-flight, or already ended it before this "
+                                   f"{m.noun} came" if refused and met is None else ""))
 
 
 # -- the same meeting over a key-value store ------------------------------------------------------
@@ -662,26 +670,37 @@ def _addresses(host: str, port: int) -> "list[tuple[int, Any]]":
 
 
 def _ask(addresses: "list[tuple[int, Any]]", hello: bytes, left: float) -> str:
-    """One request: say hello, read the one-line answer ("" when nothing answered)."""
+    """One request: say hello, read the one-line answer ("" when nothing answered; "refused"
+    when nothing listens at any address). The request ends within `left` seconds (and
+    REPLY_WAIT) in all: a peer that trickles bytes cannot stretch it read by read."""
+    deadline = time.monotonic() + min(max(left, 0.05), REPLY_WAIT)
+    refused = bool(addresses)
     for family, addr in addresses:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.settimeout(min(2.0, max(0.05, left)))
+            sock.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
             sock.connect(addr)
+            refused = False
             sock.sendall(hello)
-            sock.settimeout(min(REPLY_WAIT, max(1.0, left)))
             data = b""
             while not data.endswith(b"\n") and len(data) < HELLO_MAX:
-                chunk = sock.recv(HELLO_MAX)
+                rest = deadline - time.monotonic()
+                if rest <= 0:
+                    return ""
+                sock.settimeout(rest)
+                chunk = sock.recv(HELLO_MAX - len(data))
                 if not chunk:
                     break
                 data += chunk
             return data.decode("ascii", "replace").strip()
+        except ConnectionRefusedError:
+            continue
         except OSError:
+            refused = False
             continue
         finally:
             sock.close()
-    return ""
+    return "refused" if refused else ""
 
 
 __all__ = ["Meeting", "meet", "meet_on", "jitter", "port", "identity", "pace", "descriptors", "ranges", "key",

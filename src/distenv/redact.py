@@ -34,7 +34,7 @@ SECRET_WORDS = frozenset({
     "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASSPHRASE",
     "PWD", "PASS", "KEY", "KEYS", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "CREDENTIAL",
     "CREDENTIALS", "CREDS", "COOKIE", "COOKIES", "SAS", "SIGNATURE", "AUTH", "AUTHORIZATION",
-    "BEARER",
+    "BEARER", "SSHPASS",
 })
 #: Name prefixes whose every variable is secret (AWS_REGION too: simpler than a list).
 SECRET_PREFIXES = ("AWS_",)
@@ -42,7 +42,8 @@ SECRET_PREFIXES = ("AWS_",)
 SECRET_PARTS = ("PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "CONNECTION_STRING",
                 "CONNECTIONSTRING", "PRIVATE_KEY")
 #: Word endings that make a word secret (``APITOKEN``, ``ACCESSTOKEN``, ``HFTOKEN``).
-SECRET_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "APIKEY", "ACCESSKEY", "SECRETKEY")
+SECRET_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "ACCESSKEY",
+                  "SECRETKEY")
 #: Names that contain a secret-looking word but are not secret.
 NOT_SECRET = frozenset({"PWD", "OLDPWD", "TOKENIZERS_PARALLELISM", "KEYTIMEOUT",
                         "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "SLURM_TRES_PER_TASK"})
@@ -95,6 +96,15 @@ def _patterns() -> "_Patterns":
             (re.compile(r"(?i)(?<![a-z0-9_])(" + keys + r")(['\"]?\s*[=:]\s*)(?!<redacted>)"
                         r"(['\"]?)([^\s&;,'\"]+)"),
              lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}"),
+            # A command line's secret option and its separate value: --password X, --token X
+            (re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.\-]*)(\s+)(?!-)(?!<redacted>)(['\"]?)([^\s'\"]+)"),
+             lambda m: (f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}"
+                        if is_secret_name(m.group(1).lstrip("-")) else m.group(0))),
+            # A password glued to its flag, -pX, where the program takes one so (sshpass,
+            # mysql, mariadb): elsewhere -p starts launcher options (-pmi-port, -ppn)
+            (re.compile(r"(?i)\b((?:sshpass|mysql|mysqldump|mysqladmin|mariadb)\b[^\n|;&]*?"
+                        r"(?<![\w-])-p)(\s*)(?!<redacted>)([^\s'\"]+)"),
+             lambda m: f"{m.group(1)}{m.group(2)}{MASK}"),
             # Well-known token formats, wherever they appear.
             (re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
                         r"|glpat-[A-Za-z0-9_\-]{16,}|xox[abposr]-[A-Za-z0-9\-]{10,}"

@@ -30,6 +30,7 @@ from __future__ import annotations
 from ..description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note, unsettled
 from ..errors import DistEnvError
 from .apply import STALE, Answer, apply, from_hostnames
+from .door import debug as _debug
 from .services import PMI_WHY, PMIX_WHY
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -41,20 +42,6 @@ if TYPE_CHECKING:
 
 #: What `discover` accepts as `method`.
 METHODS = ("auto", "apinfo", "pmix", "pmi", "mpi4py")
-
-
-def _debug(text: str) -> None:
-    """A debug line on the ``distenv`` logger -- without importing `logging` (milliseconds a
-    rank) unless the program already did or DISTENV_LOG_LEVEL=debug asks for it: otherwise
-    no handler could show it."""
-    import sys
-
-    from ..knobs import LOG_LEVEL
-
-    if "logging" in sys.modules or (LOG_LEVEL.raw() or "").strip().lower() == "debug":
-        from ..log import get_logger
-
-        get_logger(__name__).debug(text)
 
 
 def _mpi_ready() -> Any:
@@ -97,8 +84,17 @@ def _ask(svc: "Service", environ: "Mapping[str, str]", found: Any, timeout: "flo
 
     from ..knobs import timeout as wait
 
+    from .door import DoorError
+
     seconds = wait(environ, timeout)
-    text = chains.earlier_answer(svc.name, chain, seconds)
+    try:
+        text = chains.earlier_answer(svc.name, chain, seconds)
+    except DoorError as exc:
+        # a name is no proof: nothing from that peer is believed, and the job still gets
+        # its answer from the launcher's own service
+        _debug(f"discovery: {exc}: asking the launcher's {svc.name} service without the "
+               "task's claim (a later program of this job script asks again)")
+        return svc.ask(environ, found, timeout, env, need)
     if text is not None:
         earlier = Answer.from_json(text)
         if earlier is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from .holder import parent_of, start_time
+from .holder import descends, parent_of, start_time
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -124,32 +124,56 @@ def walk(is_daemon: "Callable[[int], str | None]", daemons: str,
 
 
 # -- the claim -----------------------------------------------------------------------------
+#: Longest answer a claim gives (the compact host list of a very large job, as JSON).
+MAX_ANSWER = 64 << 20
+
+
 def claim_address(service: str, chain: Chain) -> str:
     """The abstract Unix socket name of the task's claim on `service` (the leading NUL makes
-    it abstract: no file, gone with the socket)."""
-    return f"\0distenv/{service}/{chain.task}/{chain.task_start}"
+    it abstract: no file, gone with the socket). It holds this user's secret
+    (`door.name`): another user can neither compute nor take it."""
+    from .door import name, pid_namespace
+
+    return name("claim", pid_namespace(), service, chain.task, chain.task_start)
+
+
+def _check_claim_peer(sock: "socket.socket", chain: Chain) -> None:
+    """The claim is this user's holder (which listens on it once the first program handed it
+    over) or, while it hands it over, that program: a process of this task. Else
+    `DoorError`."""
+    from .door import DoorError, check_peer, runs
+    from .holder import PROGRAM
+
+    pid = check_peer(sock, "the task's claim")
+    if pid > 0 and not (runs(pid, PROGRAM) or descends(pid, chain.task)):
+        raise DoorError(f"the task's claim is held by process {pid}, neither the holder nor a "
+                        f"process of task {chain.task}")
 
 
 def earlier_answer(service: str, chain: Chain, timeout: float = 5.0) -> "str | None":
     """The answer an earlier program of this task got from `service` (its holder keeps it),
-    or None when no program of this task has asked."""
+    or None when no program of this task has asked. Read within `timeout` seconds in all and
+    at most `MAX_ANSWER` bytes; `DoorError` when what holds the claim is not this user's
+    holder or program of this task, or answers too slowly or too much: nothing it says is
+    believed."""
     import socket
+    import time
 
+    from .door import recv_line
+
+    deadline = time.monotonic() + timeout
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.settimeout(timeout)
-        s.connect(claim_address(service, chain))
-        data = b""
-        while not data.endswith(b"\n") and len(data) < (64 << 20):
-            part = s.recv(1 << 16)
-            if not part:
-                break
-            data += part
-    except OSError:
-        return None
+        try:
+            s.connect(claim_address(service, chain))
+        except OSError:
+            return None  # nobody holds the claim: no program of this task asked
+        _check_claim_peer(s, chain)
+        line = recv_line(s, deadline, MAX_ANSWER, f"the task's claim on {service}")
     finally:
         s.close()
-    return data.decode("utf-8", "replace").strip() or None
+    return line.decode("utf-8", "replace").strip() or None
 
 
 def take_claim(service: str, chain: Chain) -> "socket.socket | None":

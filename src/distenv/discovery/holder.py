@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 MAX_LINE = 1 << 16
 #: Longest message on the control connection (a claim's answer for a very large job).
 MAX_CTRL = 64 << 20
+#: This file: what a holder process runs (``python -I -S PROGRAM``), which its clients check.
+PROGRAM = os.path.abspath(__file__)
 #: Seconds the holder waits for a ``finalize_ack`` once a task has ended.
 FINALIZE_WAIT = 5.0
 #: Seconds a new holder waits for its first task before it ends.
@@ -97,28 +99,34 @@ class HolderError(OSError):
     """The holder could not be started or reached, or refused a duty."""
 
 
-class Holder:
-    """A connection to this node's holder, registered for one task; `ask` gives it a duty."""
+#: Longest answer a holder gives a client (``ok pid=... id=...`` or ``error <text>``).
+MAX_REPLY = 1 << 16
 
-    def __init__(self, conn: "socket.socket", pid: int) -> None:
-        self.conn, self.pid = conn, pid
+
+class Holder:
+    """A connection to this node's holder, registered for one task; `ask` gives it a duty.
+    Every answer is read by one deadline (`timeout` seconds from the question) and cap."""
+
+    def __init__(self, conn: "socket.socket", pid: int, timeout: float = 30.0) -> None:
+        self.conn, self.pid, self.timeout = conn, pid, timeout
 
     def ask(self, op: str, fds: "Sequence[int]" = (), **fields: Any) -> "dict[str, str]":
         import socket
 
+        from .door import DoorError, recv_line
+
         try:
+            self.conn.settimeout(self.timeout)
             socket.send_fds(self.conn, [encode(op, fields)], list(fds))
-            reply = b""
-            while not reply.endswith(b"\n"):
-                part = self.conn.recv(4096)
-                if not part:
-                    raise HolderError(f"the holder (pid {self.pid}) ended before answering {op}")
-                reply += part
+            reply = recv_line(self.conn, time.monotonic() + self.timeout, MAX_REPLY,
+                              f"the holder (pid {self.pid})")
+            if not reply:
+                raise HolderError(f"the holder (pid {self.pid}) ended before answering {op}")
         except HolderError:
             raise
-        except OSError as exc:
+        except (OSError, DoorError) as exc:
             raise HolderError(f"the holder (pid {self.pid}) did not take {op}: {exc}") from None
-        status, got = decode(reply.rstrip(b"\n"))
+        status, got = decode(reply)
         if status != "ok":
             text = reply.decode("utf-8", "replace").strip()
             raise HolderError(f"the holder refused {op}: {text.partition(' ')[2]}")
@@ -130,6 +138,7 @@ class Holder:
         import socket
 
         try:
+            self.conn.settimeout(self.timeout)
             socket.send_fds(self.conn, [encode(op, {**fields, "quiet": 1})], list(fds))
         except OSError as exc:
             raise HolderError(f"the holder (pid {self.pid}) did not take {op}: {exc}") from None
@@ -140,13 +149,22 @@ class Holder:
 
 def address(daemon: "tuple[int, int | None] | None", task: "tuple[int, int | None]") -> str:
     """The abstract socket of the holder serving `daemon`'s tasks on this node (pid, start time)
-    for this user; without a daemon (a process asked on its own), one for `task` alone."""
-    who = f"daemon/{daemon[0]}/{daemon[1]}" if daemon else f"task/{task[0]}/{task[1]}"
-    return f"\0distenv-holder/{os.getuid()}/{who}"
+    for this user, in this pid namespace (a holder watches the tasks it can see); without a
+    daemon (a process asked on its own), one for `task` alone. The name holds this user's
+    secret (`door.name`): another user can neither compute nor take it."""
+    from .door import name, pid_namespace
+
+    who = ("daemon", daemon[0], daemon[1]) if daemon else ("task", task[0], task[1])
+    return name("holder", pid_namespace(), *who)
 
 
 def _connect(name: str, timeout: float) -> "socket.socket | None":
+    """A connection to a holder listening on `name`, or None when nothing listens there.
+    `HolderError` when what listens is not this user's holder (`door.check_peer`): nothing is
+    sent to it."""
     import socket
+
+    from .door import DoorError, check_peer
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
@@ -155,6 +173,11 @@ def _connect(name: str, timeout: float) -> "socket.socket | None":
     except OSError:
         s.close()
         return None
+    try:
+        check_peer(s, "the holder's socket", program=PROGRAM)
+    except (DoorError, OSError) as exc:
+        s.close()
+        raise HolderError(str(exc)) from None
     return s
 
 
@@ -164,10 +187,11 @@ def _spawn(name: str, guard: int) -> bool:
     starting one: connect to it)."""
     import socket
 
+    # Bound here, listened on by the holder: a client's peer check (SO_PEERCRED: the
+    # credentials of the process that called listen) then finds the holder itself.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(name)
-        listener.listen(socket.SOMAXCONN)
     except OSError:
         listener.close()
         return False
@@ -181,7 +205,7 @@ def _spawn(name: str, guard: int) -> bool:
         from ..knobs import HOLDER_LOG
 
         # the log file, if any, as an argument: the holder runs outside the package (-I -S)
-        argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(guard),
+        argv = [sys.executable, "-I", "-S", PROGRAM, str(fd), str(guard),
                 HOLDER_LOG.raw() or ""]
         env: "dict[str, str]" = {}
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
@@ -204,16 +228,29 @@ def start(task: int, task_start: "int | None", timeout: float = 30.0,
           daemon: "tuple[int, int | None] | None" = None) -> Holder:
     """A connection to the holder serving `daemon` on this node (started if none is), with
     `task` registered (its start time from /proc: a pid reused by another process is never
-    watched); `HolderError` if none can be reached."""
+    watched); `HolderError` if none can be reached within `timeout` seconds. Where the
+    shared name is held by something that is not this user's holder, this task gets a holder
+    of its own on a name nobody else knows (and the debug log says so)."""
     name = address(daemon, (task, task_start))
     deadline = time.monotonic() + timeout
     spawned = False
     while True:
-        conn = _connect(name, max(deadline - time.monotonic(), 0.01))
+        try:
+            conn = _connect(name, max(deadline - time.monotonic(), 0.01))
+        except HolderError as exc:
+            from .door import debug
+
+            debug(f"holder: {exc}: this task gets a holder of its own")
+            from .door import name as door_name
+
+            name = door_name("holder", "own", task, task_start, os.urandom(8).hex())
+            daemon, spawned = None, False
+            continue
         if conn is not None:
-            holder = Holder(conn, 0)
+            holder = Holder(conn, 0, max(deadline - time.monotonic(), 0.01))
             try:
                 holder.pid = int(holder.ask("watch", pid=task, start=task_start or 0)["pid"])
+                holder.timeout = timeout
                 return holder
             except (HolderError, KeyError, ValueError):
                 conn.close()  # it was ending as we came: start another
@@ -359,6 +396,25 @@ def _peer(sock: Any) -> "tuple[int, int]":
     return pid, uid
 
 
+def _append(path: str, text: str) -> None:
+    """`text` appended to the log file `path`: created 0600, never through a symbolic link
+    (O_NOFOLLOW), and only into a file of this user's with one name (a link another user
+    planted to a file this one may write is refused)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_nlink == 1 and not st.st_mode & 0o077:
+            os.write(fd, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _finalize(sock: Any) -> None:
     """``cmd=finalize``, then wait (at most FINALIZE_WAIT) for the ack, then close."""
     try:
@@ -422,6 +478,9 @@ class _Main:
         self.log_path = log
         self.loop = _Loop()
         self.listener, self.daemon, self.uid = listener, daemon, os.getuid()
+        import _socket
+
+        listener.listen(_socket.SOMAXCONN)  # the peer its clients check is this process
         self.tasks: "dict[int, _Task]" = {}
         self.sessions: "dict[int, list[Any]]" = {}  # fd -> [sock, buffer, task pid or None]
         self.loop.add(listener.fileno(), self._accept)
@@ -431,11 +490,7 @@ class _Main:
 
     def log(self, text: str) -> None:
         if self.log_path:
-            try:
-                with open(self.log_path, "a") as f:
-                    f.write(f"{time.time():.3f} holder {os.getpid()}: {text}\n")
-            except OSError:
-                pass
+            _append(self.log_path, f"{time.time():.3f} holder {os.getpid()}: {text}\n")
 
     def _accept(self) -> None:
         try:
@@ -541,7 +596,9 @@ class _Main:
 
     def _op_claim(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
         (fd,) = fds
-        task.claims.append(_Claim(self, _sock(fd), fields["answer"], task.pid))
+        claim = _sock(fd)
+        claim.listen(16)  # listening again makes this process the peer later programs check
+        task.claims.append(_Claim(self, claim, fields["answer"], task.pid))
 
     def run(self) -> None:
         while True:
