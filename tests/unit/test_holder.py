@@ -272,7 +272,7 @@ def test_walk_finds_the_daemon_through_programs_that_never_speak_pmi(tree, daemo
 
 @pytest.mark.parametrize("tree, says", [
     ({10: (9, "python3.11"), 9: (8, "python3.11"), 8: (5, "hydra_pmi_proxy")},
-     "a Python process: this one is a child of a rank"),
+     "a Python process: this one is its child"),
     ({10: (9, "python3.11"), 9: (8, "mpi_program"), 8: (5, "hydra_pmi_proxy")},
      "a program that may speak PMI itself"),
     ({10: (9, "python3.11"), 9: (1, "bash")}, "no launcher daemon (d) is an ancestor"),
@@ -281,7 +281,57 @@ def test_walk_refuses_with_the_reason_and_the_exec_fix(tree, says):
     names = {pid: n for pid, (_, n) in tree.items()}
     got, why = walk(lambda pid: DAEMONS.get(names.get(pid, "")), "d", start=10,
                     parent=lambda pid: tree.get(pid, (None,))[0], name=lambda pid: names.get(pid, ""))
+    assert got is None and says in why
+    # a Python parent gets the fix that works in Python; the rest the job script's
+    assert ("os.execv(sys.executable" in why) == ("Python" in says), why
+    assert ("exec python train.py" in why) == ("Python" not in says), why
+
+
+@pytest.mark.parametrize("tree, one, want", [
+    # a starter that stays the rank's parent (bwrap --dev-bind / /, Apptainer's starter)
+    ({10: (9, "python3.11"), 9: (8, "bwrap"), 8: (5, "hydra_pmi_proxy")}, "",
+     (8, 9, ["bwrap"], "")),
+    # the container's own pid namespace: the walk ends at its process 1, the starter's init
+    ({2: (1, "python3.11")}, "bwrap", (1, 2, [], "bubblewrap")),
+    ({3: (2, "python3.11"), 2: (1, "bash")}, "bwrap", (1, 2, ["bash"], "bubblewrap")),
+])
+def test_walk_passes_container_starters(tree, one, want):
+    names = {pid: n for pid, (_, n) in tree.items()}
+    names[1] = one
+    parents = {pid: p for pid, (p, _) in tree.items()}
+    got, why = walk(lambda pid: DAEMONS.get(names.get(pid, "")), "d", start=max(tree),
+                    parent=parents.get, name=lambda pid: names.get(pid, ""),
+                    is_starter=lambda pid, program: {"bwrap": "bubblewrap"}.get(program))
+    assert why == "" and got is not None, why
+    assert (got.daemon, got.task, got.between, got.container) == want
+    assert got.kind == (None if want[3] else "Hydra")
+
+
+@pytest.mark.parametrize("one, says", [
+    ("systemd", "parent is 1, systemd, not a container starter distenv knows"),
+    ("", "parent is 1, unknown, not a container starter distenv knows"),
+])
+def test_a_pid_1_that_is_no_starter_is_refused(one, says):
+    tree = {10: (9, "python3.11"), 9: (1, "bash")}
+    names = {10: "python3.11", 9: "bash", 1: one}
+    got, why = walk(lambda pid: None, "d", start=10, parent=lambda pid: tree[pid][0],
+                    name=names.get)
     assert got is None and says in why and "exec python train.py" in why
+
+
+def test_a_program_called_starter_outside_apptainers_directories_is_no_starter(tmp_path):
+    """Apptainer's starter is recognised by its install directory, the name being common."""
+    fake = tmp_path / "starter"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    p = subprocess.Popen([str(fake)])
+    try:
+        time.sleep(0.2)
+        assert chains.starter(p.pid, "starter") is None
+        assert chains.starter(p.pid, "bwrap") == "bubblewrap"
+    finally:
+        p.kill()
+        p.wait()
 
 
 # -- the task's claim ----------------------------------------------------------------------------------

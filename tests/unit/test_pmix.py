@@ -113,16 +113,50 @@ def test_prefix_then_the_daemon_s_install_when_its_maps_are_unreadable():
     assert any("/opt/ompi5/lib/libpmix.so.2 (PMIX_PREFIX: no such file)" == t for t in tried)
 
 
-def test_the_dynamic_linker_s_only_for_slurm_and_only_as_a_last_resort():
-    libs, _ = pmix.candidates({}, "slurm", 1, own_maps="", parent_maps="", parent_exe="",
-                              exists=lambda p: False)
-    assert libs == ["libpmix.so.2"]
-    libs, tried = pmix.candidates({}, "orte", 1, own_maps="", parent_maps="",
-                                  parent_exe="/usr/bin/orterun", exists=lambda p: False)
-    assert libs == [] and any("/usr/lib/openmpi/libpmix.so.2" in t for t in tried)
+def _fake_lib(tmp_path, version):
+    d = tmp_path / f"lib-{version}"
+    d.mkdir()
+    (d / "libpmix.so.2").write_bytes(b"\x7fELF...OpenPMIx " + version.encode() + b" (PMIx Standard: 4.2)...")
+    return d
+
+
+@pytest.mark.parametrize("kind", ["slurm", "orte", "prrte"])
+def test_a_library_the_server_does_not_prove_is_taken_only_at_the_servers_release(tmp_path, kind):
+    """Where nothing the server shows names its library (SLURM's stepd, a server in another
+    user or pid namespace), a libpmix this process could load is taken only when its file
+    carries the server's release (PMIX_VERSION): another release could break MPI_Init."""
+    d = _fake_lib(tmp_path, "4.2.2rc2")
+    environ = {"LD_LIBRARY_PATH": str(d), "PMIX_VERSION": "4.2.2rc2"}
+    libs, _ = pmix.candidates(environ, kind, None, own_maps="")
+    assert libs == [str(d / "libpmix.so.2")]
+    libs, tried = pmix.candidates({**environ, "PMIX_VERSION": "9.9.9"}, kind, None, own_maps="")
+    assert libs == [] and f"{d / 'libpmix.so.2'} (not PMIx 9.9.9, the server's)" in tried
+    libs, tried = pmix.candidates({"LD_LIBRARY_PATH": str(d)}, kind, None, own_maps="")
+    assert libs == [] and any("PMIX_VERSION is not set" in t for t in tried)
+
+
+def test_open_mpis_prefix_is_looked_at_and_the_servers_own_library_comes_first(tmp_path):
+    prefix = tmp_path / "ompi5"
+    (prefix / "lib" / "openmpi").mkdir(parents=True)
+    (prefix / "lib" / "openmpi" / "libpmix.so.2").write_bytes(b"OpenPMIx 5.0.11rc1 (x)")
+    libs, _ = pmix.candidates({"OPAL_PREFIX": str(prefix), "PMIX_VERSION": "5.0.11rc1"}, "prrte",
+                              None, own_maps="")
+    assert libs == [str(prefix / "lib" / "openmpi" / "libpmix.so.2")]
     libs, _ = pmix.candidates({}, "slurm", 1, own_maps="", parent_maps=MAPS, parent_exe="",
                               exists=lambda p: True)
     assert libs == ["/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2.6.2"]
+
+
+@pytest.mark.parametrize("uri, kind", [
+    ("pmix-server.896;tcp4://127.0.0.1:60827", "slurm"),
+    ("prterun-node1-32707@0.1;tcp4://127.0.0.1:43565", "prrte"),
+    ("888537088.0;tcp4://127.0.0.1:50325", "orte"),
+    ("something-else;tcp4://127.0.0.1:1", None),
+])
+def test_the_servers_kind_from_its_uri(uri, kind):
+    """Recorded URIs (tests/fixtures/launchers/cluster-*-2x2.json): what tells the kind where
+    the server itself cannot be seen (a container's own pid namespace)."""
+    assert pmix.kind_from_uri({"PMIX_SERVER_URI4": uri, "PMIX_SERVER_URI41": uri}) == kind
 
 
 @pytest.mark.parametrize("exe,comm,want", [

