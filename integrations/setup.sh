@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the demo and the whole test suite need on a fresh Debian 12 machine,
 # as root: the launchers (Debian's Open MPI 4, MPICH 4, SLURM; PyPI's Open MPI 5, MPICH 5,
-# Intel MPI, each in its own venv under $DISTENV_LAUNCHERS_DIR) and the project's own
+# Intel MPI, each in its own venv under $DISTENV_LAUNCHERS_DIR), the container starters the
+# tests put between a launcher and Python (bubblewrap, Charliecloud), and the project's own
 # virtualenv .venv (distenv editable, torch 2.13 CPU, pytest, tox). Idempotent: a second run
 # takes a few seconds.
 #
@@ -12,7 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$SECONDS
 
 # One apt transaction for every Debian package (dpkg allows one at a time).
-apt_install openmpi-bin libopenmpi-dev mpich slurm-wlm munge iproute2 util-linux procps
+apt_install openmpi-bin libopenmpi-dev mpich slurm-wlm munge iproute2 util-linux procps \
+    bubblewrap charliecloud-runtime
 integrations/slurm/install.sh >/dev/null   # also makes the munge key if the image lacks one
 
 # The rest downloads from PyPI: in parallel, each into its own venv.
