@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .description import DEFAULT, DERIVED, PER_NODE, DistEnv, kind_of
+from .description import DEFAULT, DERIVED, GIVEN, PER_NODE, DistEnv, kind_of
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -87,6 +87,18 @@ def completed(env: DistEnv, *, nodes: bool = False, need: "tuple[str, ...] | Non
     from the launcher's own service, in a distributed launch (`distenv.discovery.complete`:
     nothing is asked when they are known; collective under PMI-1: every process calls it)."""
     need = needs(env, nodes) if need is None else need
+    if env.is_distributed and env.launch != PER_NODE and \
+            kind_of(env.provenance.get("master_addr")) == GIVEN:
+        # A master address set by hand must be rank 0's host: checked against where the
+        # launch places rank 0 -- its own placement, else the service's (asked for it)
+        placed = env.rank_hosts
+        if placed is not None:
+            from .discovery.apply import not_rank_0s
+
+            not_rank_0s(env, placed[0], set(placed), f"the launch's placement: "
+                                                     f"{env.provenance.get('rank_hosts')}")
+        elif "rank_hosts" not in need:
+            need = (*need, "rank_hosts")
     if not env.is_distributed or all(getattr(env, f) is not None for f in need):
         return env  # nothing to ask (and distenv.discovery not even imported)
     from .discovery import complete

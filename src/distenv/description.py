@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # The words are in the floor module; they stay importable from here, as they always were.
-from .fields import DECLINED as DECLINED, DEFAULT as DEFAULT, DERIVED as DERIVED
+from .fields import DECLINED as DECLINED, DEFAULT as DEFAULT, DERIVED as DERIVED, GIVEN as GIVEN
 from .fields import FIELDS as FIELDS, PER_NODE as PER_NODE, PER_PROCESS as PER_PROCESS
 from .fields import UNKNOWN as UNKNOWN
 
@@ -24,6 +24,7 @@ class Why(str):
     `kind_of(why)`. A plain str has no kind (None). Kinds set today:
     DEFAULT - a fixed fallback (torch's 29500: nothing to derive a port from);
     DERIVED - computed by distenv's own rule from an identity (a port from the job id);
+    GIVEN - set by hand (MASTER_ADDR, MASTER_PORT the launch does not own);
     UNKNOWN - a launch's own rule could not prove the field (the text says why)."""
 
     __slots__ = ("kind",)

@@ -31,6 +31,8 @@ PER_NODE = "per-node"
 # Kinds of a provenance entry (`Why.kind`) or a note (`Note.kind`); see `distenv.description.Why`.
 DEFAULT = "default"
 DERIVED = "derived"
+#: Set by the user by hand (MASTER_ADDR, MASTER_PORT), not by the launcher or distenv.
+GIVEN = "given"
 UNKNOWN = "unknown"
 #: A note's kind: discovery was asked for these fields and no service could answer; the
 #: note says why and what to do (an error about those fields repeats it: distenv.export).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from . import ports
-from .description import (DEFAULT, DERIVED, FIELDS, PER_NODE, PER_PROCESS, UNKNOWN, DistEnv, Note,
+from .description import (DEFAULT, DERIVED, FIELDS, GIVEN, PER_NODE, PER_PROCESS, UNKNOWN, DistEnv, Note,
                           Why, _build)
 from .errors import DistEnvError
 from .knobs import LAUNCHER, NPROC_PER_NODE
@@ -428,7 +428,7 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
         mine, given = v.get("master_addr"), env["MASTER_ADDR"]
         if mine is not None and mine != given:
             r.notes.append(f"MASTER_ADDR={given} is used instead of {mine} ({r.why['master_addr']})")
-        r.set("master_addr", given, "MASTER_ADDR (given by the user)")
+        r.set("master_addr", given, Why("MASTER_ADDR (given by the user)", GIVEN))
         r.addr_explicit = True
     explicit = r.addr_explicit or "MASTER_ADDR" in owns or "master_addr" in overrides
     if v.get("num_nodes") == 1 and not explicit:
@@ -438,7 +438,7 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
 
     if "master_port" not in overrides and env.get("MASTER_PORT") and "MASTER_PORT" not in owns:
         r.set("master_port", parse_port(env["MASTER_PORT"], "MASTER_PORT"),
-              "MASTER_PORT (given by the user)")
+              Why("MASTER_PORT (given by the user)", GIVEN))
     if v.get("master_port") is None:
         if r.port_key:
             r.set("master_port", ports.port_for(r.port_key),

@@ -220,3 +220,41 @@ def test_a_misspelled_knob_is_warned_about_once_from_rank_0(monkeypatch, caplog)
         said = [r.getMessage() for r in caplog.records if "DISTENV_NPROC_PER_NOD " in r.getMessage()]
         assert len(said) == lines, said
         assert all("did you mean DISTENV_NPROC_PER_NODE?" in m for m in said)
+
+
+# -- a master address set by hand must be rank 0's host (issue 42, item 4; issue 39, item 4) -----
+def _by_rank(name):
+    from envs import ranks
+
+    return sorted(ranks(name), key=lambda e: int(e["SLURM_PROCID"]))
+
+
+def test_a_hand_set_master_address_naming_another_node_of_the_placement_is_an_error():
+    """srun -N2 -n4 block: rank 0 runs on node1, as distenv's own placement says; MASTER_ADDR=node2
+    (given by hand) used to pass, and torch's store then waited on node2, where nothing listens."""
+    for env in _by_rank("cluster-srun-2x2"):
+        e = distenv.resolve({**env, "MASTER_ADDR": "node2", "MASTER_PORT": "29999"})
+        assert e.rank_hosts[0] == "node1"
+        with pytest.raises(DistEnvError, match="master_addr=node2 .* rank 0 runs on node1"):
+            bringup.completed(e)
+        for fine in ("node1", "node1-ib", "10.0.0.7"):  # rank 0's host, or a name not provably another
+            got = bringup.completed(distenv.resolve({**env, "MASTER_ADDR": fine}))
+            assert got.master_addr == fine
+
+
+def test_discovery_refuses_a_hand_set_master_address_that_is_another_ranks_host():
+    """The pyxis PyTorch hook's MASTER_ADDR is the step's first node; under an arbitrary layout
+    rank 0 runs on the other (recorded: srun --mpi=pmi2 -w node2,node1,node1,node2)."""
+    from distenv.discovery import from_hostnames
+
+    envs = _by_rank("cluster-srun-pmi2-n4-arbitrary")
+    hosts = ["node2", "node1", "node1", "node2"]
+    for env in envs:
+        hooked = {**env, "RANK": env["SLURM_PROCID"], "LOCAL_RANK": env["SLURM_LOCALID"],
+                  "WORLD_SIZE": env["SLURM_NTASKS"], "MASTER_ADDR": "node1", "MASTER_PORT": "62000"}
+        e = distenv.resolve(hooked)
+        assert e.rank_hosts is None and e.master_addr == "node1"  # pure resolve cannot know
+        with pytest.raises(DistEnvError, match="rank 0 runs on node2"):
+            from_hostnames(e, hosts, "PMI-1 key-value exchange")
+        assert from_hostnames(distenv.resolve({**hooked, "MASTER_ADDR": "node2"}), hosts,
+                              "PMI-1").master_addr == "node2"

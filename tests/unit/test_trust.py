@@ -204,18 +204,19 @@ def test_a_claim_held_by_another_user_is_refused_at_once_and_the_service_answers
     from distenv.discovery.apply import Answer
 
     chain = _task_chain()
-    squatter = Squatter(chains.claim_address("test-claim", chain), "forge", seconds=3)
+    service = f"trust-{os.urandom(4).hex()}"  # a claim name no other test of this process holds
+    squatter = Squatter(chains.claim_address(service, chain), "forge", seconds=3)
     try:
         t0 = time.monotonic()
         with pytest.raises(door.DoorError, match=f"another user \\(uid {NOBODY}"):
-            chains.earlier_answer("test-claim", chain, 10)
+            chains.earlier_answer(service, chain, 10)
         assert time.monotonic() - t0 < 1.0  # refused at once, not after the timeout
 
         class Service:
-            name = "test-claim"
+            name = service
 
             def ask(self, environ, found, timeout, env, need=None):
-                return Answer("test-claim", 0, 2, ["node2", "node1"], "the service itself")
+                return Answer(service, 0, 2, ["node2", "node1"], "the service itself")
 
         class Found:
             pass
@@ -234,7 +235,8 @@ def test_a_trickling_claim_of_this_user_is_cut_off_at_the_deadline():
     program 14 s under DISTENV_TIMEOUT=3 before: the deadline bounds the whole read."""
     chain = _task_chain()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(chains.claim_address("test-trickle", chain))
+    service = f"trickle-{os.urandom(4).hex()}"
+    s.bind(chains.claim_address(service, chain))
     s.listen(4)
     pid = os.fork()
     if pid == 0:
@@ -250,7 +252,7 @@ def test_a_trickling_claim_of_this_user_is_cut_off_at_the_deadline():
     try:
         t0 = time.monotonic()
         with pytest.raises(door.DoorError, match="did not answer in time"):
-            chains.earlier_answer("test-trickle", chain, 2)
+            chains.earlier_answer(service, chain, 2)
         assert time.monotonic() - t0 < 2.8
     finally:
         os.kill(pid, 9)
