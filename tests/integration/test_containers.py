@@ -183,3 +183,33 @@ def test_distenv_run_through_bwrap(need):
         assert r["hostname"] == hosts[rank] and r["NODE_RANK"] == ("0" if rank < 2 else "1"), r
         assert r["ran_exchange"] is False and (r["node_rank"], r["num_nodes"]) == (int(r["NODE_RANK"]), 2), r
     assert len({r["MASTER_PORT"] for r in records}) == 1, records
+
+
+#: A container that hides the PMIx server's directory (PMIX_SERVER_TMPDIR: Open MPI's under /tmp,
+#: SLURM's in its spool, here under /tmp too): pyxis without its PMI hook, Apptainer without
+#: --bind, podman without -v.
+HIDES_TMP = ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/tmp"]
+
+
+@pytest.mark.parametrize("launcher", ["openmpi5", "srun-pmix"])
+def test_a_container_without_the_pmix_directory_still_discovers(need, launcher):
+    """The query's own process reads the job's data over its connection (PMIX_MCA_gds=hash in
+    that process alone): before, the server gave no host ("pmix.hname") and every field
+    stayed unknown."""
+    lay, hosts, why, _ = LAUNCHERS[launcher]
+    lay = need(lay)
+    records = records_of(lay, [*HIDES_TMP, harness.PY, DISCOVER, "discover"])
+    check_discovered(records, hosts, why)
+
+
+def test_open_mpi_4_without_the_pmix_directory_says_what_to_bind(need):
+    """Open MPI 4's query runs in the rank itself (its MPI shares the client): distenv changes
+    nothing there and says, in one line, what to bind or set."""
+    lay, _, _, _ = LAUNCHERS["openmpi4"]
+    lay = need(lay)
+    records = records_of(lay, [*HIDES_TMP, harness.PY, DISCOVER, "discover"])
+    for r in records:
+        error = r["error"]
+        assert "PMIX_SERVER_TMPDIR=" in error and "is not visible here" in error, r
+        assert error.count("Fix:") == 1 and "PMIX_MCA_gds=hash" in error, r
+        assert "exec" not in error, r  # never "use exec" to someone who did

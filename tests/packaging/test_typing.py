@@ -35,6 +35,7 @@ TYPED = (
     "discovery/__init__.py",
     "discovery/apply.py",
     "discovery/chain.py",
+    "discovery/containers.py",
     "discovery/door.py",
     "discovery/services.py",
     "display.py",

@@ -307,6 +307,14 @@ def test_walk_passes_container_starters(tree, one, want):
     assert got.kind == (None if want[3] else "Hydra")
 
 
+def test_podmans_monitor_is_named_and_no_exec_fix_is_given():
+    tree = {10: (9, "python3.11"), 9: (1, "conmon")}
+    names = {10: "python3.11", 9: "conmon", 1: "systemd"}
+    got, why = walk(lambda pid: None, "d", start=10, parent=lambda pid: tree[pid][0],
+                    name=names.get)
+    assert got is None and "podman's container monitor" in why and "exec" not in why, why
+
+
 @pytest.mark.parametrize("one, says", [
     ("systemd", "parent is 1, systemd, not a container starter distenv knows"),
     ("", "parent is 1, unknown, not a container starter distenv knows"),

@@ -179,7 +179,8 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
     return None, declined
 
 
-def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]") -> DistEnv:
+def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]",
+               environ: "Mapping[str, str] | None" = None) -> DistEnv:
     """`env` with a note saying why no service filled `need` (about those fields: dropped
     once known), in place of the resolver's suggestion to call discovery. The reason given is
     the first service whose variables are here (the one meant to answer)."""
@@ -196,9 +197,16 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]") 
     if reason.present:
         text = f"discovery did not ask the launcher's {reason.service} service: {reason}"
     else:
+        from . import containers
+
         fix = source_of(env.launcher).service_fix
-        text = (f"discovery found no service of {env.launcher} to ask ({reason})"
-                + (f". Fix: {fix}, or set MASTER_ADDR (and NODE_RANK) for every rank" if fix else ""))
+        inside = containers.where(environ or {})
+        if inside:  # the starter kept the service's variables out: its own option lets them in
+            text = (f"discovery found no service of {env.launcher} to ask{inside}, which passed "
+                    f"none of its variables ({reason}). {containers.fix(environ or {}, 'env')}")
+        else:
+            text = (f"discovery found no service of {env.launcher} to ask ({reason})"
+                    + (f". Fix: {fix}, or set MASTER_ADDR (and NODE_RANK) for every rank" if fix else ""))
     text += "" if "Fix:" in text else ". Fix: set MASTER_ADDR (and NODE_RANK) for every rank"
 
     notes = [n for n in env.notes if getattr(n, "kind", None) != UNKNOWN]
@@ -235,9 +243,9 @@ def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_a
         return env
     if _mpi_ready() is not None:
         return discover(env, "mpi4py")
-    got, declined = _discovered(env, os.environ if environ is None else environ, timeout,
-                                strict=False, need=need)
-    return got if got is not None else _not_asked(env, declined, need)
+    environ = os.environ if environ is None else environ
+    got, declined = _discovered(env, environ, timeout, strict=False, need=need)
+    return got if got is not None else _not_asked(env, declined, need, environ)
 
 
 def handoffs() -> "dict[str, str]":

@@ -174,6 +174,13 @@ def walk(is_daemon: "Callable[[int], str | None]", daemons: str,
             # here descends from it, and it never speaks PMI; the daemon is outside
             return Chain(1, program, None, pid, start_time(pid), between, title), ""
         if program not in PASS_THROUGH and title is None:
+            if program == "conmon":  # podman's container monitor: podman's own child
+                return None, (f"the parent process ({up}) is podman's container monitor "
+                              "(conmon), which podman starts, not the launcher's daemon "
+                              f"({daemons}): whose service this is cannot be proven from "
+                              "here. Fix: let MPI gather the hosts in the container "
+                              "(distenv.discover(method='mpi4py'), with mpi4py installed), or "
+                              "set MASTER_ADDR (and NODE_RANK) for every rank")
             if program.startswith(("python", "pypy")):
                 return None, (f"the parent process ({up}, {program}) is not the launcher's "
                               f"daemon ({daemons}) but a Python process: this one is its child "

@@ -200,7 +200,10 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
                 return None, f"PMI_FD={fd} is not a socket in this process"
             peer = _peer_pid(fd)
         except OSError as exc:
-            return None, f"PMI_FD={fd} is not open in this process ({exc.strerror})"
+            from .containers import fix, where
+
+            return None, (f"PMI_FD={fd} is not open in this process{where(environ)} "
+                          f"({exc.strerror}). {fix(environ, 'fd')}")
         if chain.container:
             # the daemon is outside the container's pid namespace: so must the other end be
             # (the kernel gives 0 for a peer this namespace cannot see)
@@ -211,9 +214,9 @@ def offer(environ: "Mapping[str, str] | None" = None) -> "tuple[Offer | None, st
         elif peer is not None and peer != chain.daemon:
             return None, (f"PMI_FD={fd} is connected to process {peer}, not to the launcher's "
                           f"{chain.name} ({chain.daemon})")
-        where = (f"{server}'s daemon, outside the {chain.container} container" if chain.container
-                 else f"{server}'s {chain.name} (pid {chain.daemon})")
-        return Offer("fd", f"PMI_FD={fd} from {where}", fd=fd, rank=rank, size=size,
+        origin = (f"{server}'s daemon, outside the {chain.container} container" if chain.container
+                  else f"{server}'s {chain.name} (pid {chain.daemon})")
+        return Offer("fd", f"PMI_FD={fd} from {origin}", fd=fd, rank=rank, size=size,
                      server=server, chain=chain), ""
     host, _, port = environ["PMI_PORT"].rpartition(":")
     pmiid = _int(environ, "PMI_ID")

@@ -572,6 +572,12 @@ def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
     # lost, and MPI_Init here would hang (pmix_relay explains).
     relay = open_relay(os.environ, found.chain)
     env = None if relay is None else {**os.environ, **relay.env}
+    if hidden_dir(os.environ) and "PMIX_MCA_gds" not in os.environ:
+        # The server keeps the job's data in its directory, which this container does not
+        # show: the query gets it over the connection instead (measured: Open MPI 5 and srun
+        # --mpi=pmix behind bwrap --tmpfs; "pmix.hname" is missing otherwise). The child's
+        # setting alone: the rank's own MPI is left as it is.
+        env = {**(env or os.environ), "PMIX_MCA_gds": "hash"}
     ok = False
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -605,6 +611,13 @@ def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
                      time.monotonic() - start, relay is not None, full)
 
 
+def hidden_dir(environ: "Mapping[str, str]") -> str:
+    """The PMIx server's directory (``PMIX_SERVER_TMPDIR``) when this process cannot see it (a
+    container that does not bind it), else ""."""
+    where = environ.get("PMIX_SERVER_TMPDIR", "")
+    return where if where.startswith("/") and not os.path.isdir(where) else ""
+
+
 def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = None,
           found: "Offer | None" = None, full: bool = True) -> Placement:
     """Every rank's host from the PMIx server -- or, not `full`, rank 0's alone (2 reads
@@ -630,6 +643,14 @@ def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = 
                            time.monotonic() - start, full=full)
     # An MPI of this process initialized PMIx already: its client is ours too (reference
     # counted), so the query runs here and gives back only its own init.
+    elif found.mode == "in-process" and hidden_dir(environ):
+        # this process's own client (ORTE): a setting here would be its MPI's too
+        from .containers import fix, where
+
+        raise PMIxUnavailable(
+            f"the PMIx server's directory PMIX_SERVER_TMPDIR={hidden_dir(environ)} is not "
+            f"visible here{where(environ)}, and Open MPI 4's query runs in this process. "
+            + fix(environ, "dir", dir=hidden_dir(environ)))
     elif found.mode == "in-process" or (bool(mapped(_read("/proc/self/maps")))
                                         and _load(found.libs, ()).initialized()):
         answer, lib, was = _in_process(found, timeout, full)
