@@ -87,11 +87,17 @@ def cost(records, key) -> float:
     return max(r[key][1] for r in records) - max(r[key][0] for r in records)
 
 
-def one_run(argv, env, np_, pmi_port, src=None) -> dict:
+#: Container starters a rank can run behind (--starter): bubblewrap as Apptainer's shape (the
+#: starter stays the rank's parent) and with a pid namespace of the container's own.
+STARTERS = {"bwrap": ["bwrap", "--dev-bind", "/", "/"],
+            "bwrap-pid": ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc"]}
+
+
+def one_run(argv, env, np_, pmi_port, src=None, starter=()) -> dict:
     if src is not None:
         env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), env.get("PYTHONPATH"))))}
     cmd = ["timeout", "-k", "5", "600", *argv, "-np", str(np_), *(["-pmi-port"] if pmi_port else []),
-           sys.executable, "-c", RANK, MARK]
+           *starter, sys.executable, "-c", RANK, MARK]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
     records = marked(p.stdout, MARK)
     if p.returncode != 0 or len(records) != np_:
@@ -109,11 +115,15 @@ def main() -> int:
     ap.add_argument("--launcher", choices=("mpich4", "mpich5", "intelmpi"), default="mpich4")
     ap.add_argument("--pmi-port", action="store_true", help="Hydra's -pmi-port mode (MPICH only)")
     ap.add_argument("--compare", type=Path, help="another checkout's src/ to measure alongside")
+    ap.add_argument("--starter", choices=sorted(STARTERS),
+                    help="also every rank behind this container starter, in the same rounds")
     a = ap.parse_args()
     sizes = [int(n) for n in a.np.split(",")]
-    arms = {"this": None, **({"compare": a.compare.resolve()} if a.compare else {})}
+    arms = {"this": None, **({"compare": a.compare.resolve()} if a.compare else {}),
+            **({a.starter: None} if a.starter else {})}
     mode = "-pmi-port" if a.pmi_port else "PMI_FD"
     medians: "dict[str, dict[int, tuple[float, float]]]" = {arm: {} for arm in arms}
+    width = max(len(arm) for arm in arms)
     with tempfile.TemporaryDirectory() as tmp:
         argv, env = launcher(a.launcher, Path(tmp))
         for np_ in sizes:
@@ -122,9 +132,9 @@ def main() -> int:
                 order = list(arms) if n % 2 == 0 else list(reversed(arms))
                 for arm in order:
                     load0 = os.getloadavg()[0]
-                    r = one_run(argv, env, np_, a.pmi_port, arms[arm])
+                    r = one_run(argv, env, np_, a.pmi_port, arms[arm], STARTERS.get(arm, ()))
                     results[arm].append(r)
-                    print(f"{np_} ranks, {arm:7s} run {n + 1}: exchange {r['exchange'] * 1e3:7.1f} ms"
+                    print(f"{np_} ranks, {arm:{width}s} run {n + 1}: exchange {r['exchange'] * 1e3:7.1f} ms"
                           f"   MPI_Init {r['mpi_init'] * 1e3:7.1f} ms   ratio "
                           f"{r['exchange'] / r['mpi_init']:.2f}   (ranks started over "
                           f"{r['start_spread']:.1f} s; load average {load0:.1f} -> {r['load']:.1f})",
