@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import tempfile
 import socket
 import time
 
@@ -38,7 +39,9 @@ FEATURES = 8
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="keras3_jax_out", help="checkpoint and log directory")
+    # outside the working directory: running from a clone leaves it clean
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), f"keras3_jax_out-{os.getuid()}"),
+                    help="checkpoint and log directory (default: in the temporary directory)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4, help="steps per epoch")
     ap.add_argument("--batch", type=int, default=16, help="global batch size")

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import tempfile
 import sys
 
 # tf.keras is Keras 3 since TensorFlow 2.16, and Keras 3's fit fails under
@@ -34,7 +35,9 @@ import distenv.tensorflow  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="keras_mwms_out", help="checkpoint/log directory")
+    # outside the working directory: running from a clone leaves it clean
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), f"keras_mwms_out-{os.getuid()}"),
+                    help="checkpoint/log directory (default: in the temporary directory)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4, help="steps per epoch")
     ap.add_argument("--batch", type=int, default=16, help="global batch size")

@@ -9,7 +9,8 @@ distributed launch each line of the table, ``--explain`` and ``doctor`` output s
 off, ``--prefix`` forces it; JSON and one-line summaries are unprefixed by default: they
 carry the rank themselves). ``--ranks 0`` / ``0,2`` / ``0-3`` / ``per-node`` / ``all``
 chooses which ranks print (show: all; doctor: per-node, i.e. local rank 0 of each node), and
-``--summary`` (``--oneline``) prints one line per rank. A rank's output is written at once.
+``--summary`` (``--oneline``) prints one line instead of the report on each rank that prints.
+A rank's output is written at once.
 
 ``distenv show --map`` (every rank runs it; rank 0 prints, once for the job) is one row per
 node: host, global ranks, local size, and the node of rank 0 and the master (`distenv.nodemap`).
@@ -205,7 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action=_Version, nargs=0, version=version_line(__version__),
                         help="print the version, where it is installed, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    show = sub.add_parser("show", help="print the resolved launch (rank, sizes, master, ...)")
+    show = sub.add_parser(
+        "show", help="print the resolved launch (rank, sizes, master, ...)",
+        description="Print what distenv resolves from this process's environment: launcher, "
+        "rank, local rank, world and local sizes, node rank and count, master address and "
+        "port, hosts, each unknown where the launch does not prove it. Run it as every rank "
+        "(mpirun -np 2 distenv show): each line starts with [rank N]. --discover asks the "
+        "launcher's own service for what the variables leave unknown.")
     mode = show.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="the JSON contract: every field, null if unknown")
     mode.add_argument("--explain", action="store_true", help="which variable or rule gave each field")
@@ -221,8 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "does not place the ranks: every rank must run it")
     _many_ranks(show, "all")
     show.set_defaults(parser=show, func=_show)
-    exp = sub.add_parser("export", help="print `export VAR=value` lines for the torch variables "
-                         "(use: eval \"$(distenv export)\")")
+    exp = sub.add_parser(
+        "export", help="print `export VAR=value` lines for the torch variables "
+        "(use: eval \"$(distenv export)\")",
+        description="Print shell lines that export the torch variables of this launch (RANK, "
+        "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT), "
+        "for a job script: eval \"$(distenv export)\". Exits 2 with one line saying what is "
+        "missing when the launch does not prove them.")
     exp.set_defaults(parser=exp, func=_export)
     # `run` parses its own arguments (the command after it is not ours): see main().
     sub.add_parser("run", help="export the launch and run a command; in a per-node launch start "

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from .checked import Checked
 
 
+#: What an unknown field without a provenance entry says (`explain`, the doctor).
+UNREVEALED = "not revealed by the launcher"
+
+
 class Why(str):
     """A provenance entry: the text people read, and a `kind` code branches on.
 
@@ -221,7 +225,7 @@ class DistEnv:
                 shown = ",".join(value)
             else:
                 shown = "unknown" if value is None else str(value)
-            why = self.provenance.get(name, "not revealed by the launcher" if value is None else "")
+            why = self.provenance.get(name, UNREVEALED if value is None else "")
             lines.append(f"{name:<{width}}  {shown:<16}  {why}".rstrip())
         for note in self.notes:
             lines.append(f"note: {note}")

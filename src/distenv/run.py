@@ -52,7 +52,8 @@ options:
   -h, --help     show this help
 
 CMD gets DISTENV_AUTO=1 (distenv.auto patches the frameworks it imports) and the torch
-variables MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK.
+variables MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
+GROUP_RANK.
 """
 
 LOCAL_RANK_FLAGS = {"none": None, "underscore": "--local_rank", "hyphen": "--local-rank"}

@@ -3,7 +3,7 @@ which starter a process runs in, the Fix that works there when it keeps the laun
 out, and resolution of the environments the starters give (recorded launches plus what each
 starter adds, as read in its source: never a wrong field).
 
-The same starters under the real launchers: tests/integration/test_containers.py."""
+The same starters under the real launchers: tests/integration/test_container_starters.py."""
 from __future__ import annotations
 
 import pytest

@@ -184,3 +184,16 @@ def test_the_cli_warns_and_the_doctor_counts_it():
     assert [f["level"] for f in found] == ["warning"] and "DISTENV_AUTO" in found[0]["message"]
     assert diagnose({"PATH": "/usr/bin"})["findings"] == [f for f in diagnose({"PATH": "/usr/bin"})["findings"]
                                                          if f["topic"] != "knobs"]
+
+
+def test_the_readme_lists_every_launcher_name_distenv_launcher_takes():
+    """DISTENV_LAUNCHER's valid names were listed nowhere but in its error: the README's
+    override table holds them, and this keeps them the registry's."""
+    import re
+
+    from distenv.sources import names
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        row = next(line for line in fh if line.startswith("| `resolve(launcher="))
+    listed = re.findall(r"`([\w.]+)`", row.partition("The names:")[2])
+    assert listed == names(), (listed, names())

@@ -13,7 +13,7 @@ setuid, so the test needs root, as CI has), tries each door discovery opens.
   a process that finds nothing listening is told so; "processs" is gone.
 - 7: redaction of SSHPASS=..., --password X, -pX.
 
-tests/integration/test_trust.py runs the same attacker against real launchers (Hydra, SLURM's
+tests/integration/test_attacker_on_real_jobs.py runs the same attacker against real launchers (Hydra, SLURM's
 stepd, Open MPI 5's PMIx relay).
 """
 from __future__ import annotations

@@ -53,6 +53,7 @@ def render(report: "Mapping[str, Any]") -> str:
     """The human-readable report."""
     from ..description import FIELDS
 
+    from ..description import UNREVEALED
     from ..display import clip, hosts_text, shorten
 
     lines = ["launch"]
@@ -65,7 +66,7 @@ def render(report: "Mapping[str, Any]") -> str:
             elif isinstance(value, list):
                 value = ",".join(map(str, value))
             shown = "unknown" if value is None else shorten(str(value))
-            why = shorten(report["provenance"].get(name, ""))
+            why = shorten(report["provenance"].get(name, UNREVEALED if value is None else ""))
             lines.append(f"  {name:<{width}}  {shown:<16}  {why}".rstrip())
     else:
         lines.append(f"  cannot be resolved: {clip(report['error'])}")
