@@ -34,6 +34,35 @@ def traceback_wanted() -> bool:
     return logging is not None and logging.getLogger("distenv").isEnabledFor(logging.DEBUG)
 
 
+def _emit(line: str) -> None:
+    """`line` on the process's standard error, after what the program printed: written to
+    descriptor 2 itself, since a hook that wraps this one may hold sys.stderr in a buffer it
+    writes only if this one returns (torch.distributed's rank-prefixing hook does, and the
+    SystemExit that sets the exit status would lose the line there)."""
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # what the program printed comes before the line
+        except (OSError, ValueError, AttributeError):
+            pass
+    data = (line + "\n").encode("utf-8", "replace")
+    try:
+        while data:
+            data = data[os.write(2, data):]
+    except OSError:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _a_worker_of_distenv_run() -> bool:
+    """Was this process started by `distenv run` (DISTENV_RUN), without a traceback asked for?"""
+    from .knobs import RUN  # lazy: only on the error path
+
+    return bool(RUN.raw()) and not traceback_wanted()
+
+
 class _Excepthook:
     """sys.excepthook that ends a process on an uncaught DistEnvError with its one line and
     exit status 2; any other exception goes to the hook that was there before."""
@@ -45,24 +74,30 @@ class _Excepthook:
                  tb: "TracebackType | None") -> None:
         import sys
 
-        if not isinstance(value, DistEnvError):
+        if isinstance(value, KeyboardInterrupt) and _a_worker_of_distenv_run():
+            # a Ctrl-C reaches every worker of the node at once: one line each, not a
+            # traceback each (DISTENV_TRACEBACK=1 keeps it)
+            import os
+
+            rank = os.environ.get("RANK", "")
+            _emit(f"distenv: {'rank ' + rank + ': ' if rank.isdigit() else ''}interrupted "
+                  "(KeyboardInterrupt)")
+            status = 130
+        elif not isinstance(value, DistEnvError):
             self.previous(kind, value, tb)
             return
-        if traceback_wanted():
+        elif traceback_wanted():
             self.previous(kind, value, tb)
+            status = EXIT_STATUS
         else:
-            try:
-                sys.stdout.flush()  # what the program printed comes before the error
-            except (OSError, ValueError, AttributeError):
-                pass
-            sys.stderr.write(error_line(value) + "\n")
-            sys.stderr.flush()
+            _emit(error_line(value))
+            status = EXIT_STATUS
         # Python calls the hook for the exception that ends the program after setting
         # sys.last_value; a SystemExit raised here then becomes the exit status, after the
         # atexit handlers ran. Not in an interactive session, nor when called by hand.
         if getattr(sys, "last_value", None) is value and not sys.flags.interactive \
                 and not hasattr(sys, "ps1"):
-            raise SystemExit(EXIT_STATUS)
+            raise SystemExit(status)
 
 
 def install_excepthook() -> None:

@@ -343,7 +343,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     if problem:
         raise DistEnvError(f"{problem} Fix: set MASTER_ADDR to rank 0's host name or address "
                            "on every node.")
-    argv_ = [python, "-m", "torch.distributed.run",
+    argv_ = [python, "-m", "distenv.run", AGENT,
              "--nnodes", str(env.num_nodes), "--node-rank", str(env.node_rank),
              "--nproc-per-node", str(env.nproc_per_node),
              "--master-addr", str(env.master_addr), "--master-port", str(env.master_port),
@@ -383,3 +383,45 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         sys.stderr.write(f"distenv run: error: cannot run {p.argv[0]}: {exc.strerror}\n")
         return 126
     return 0  # type: ignore[unreachable]  # pragma: no cover - execvpe does not return
+
+
+#: The first argument of ``python -m distenv.run`` when it runs torch's elastic agent for a
+#: node's workers (`agent`): what `plan` execs in a per-node launch.
+AGENT = "--torch-elastic-agent"
+
+
+def agent(args: "Sequence[str]") -> int:
+    """torch.distributed.run with `args`, as `distenv run` starts a node's workers. A Ctrl-C
+    (SIGINT to the terminal's process group) or the launcher's SIGTERM stops the workers as
+    torchrun does, and ends here with one line and 128 + the signal's number, instead of the
+    agent's traceback and a warning per worker (after a Ctrl-C, which reached every worker
+    too, each worker's one line is all: `distenv.errors`). The agent's own warnings show with
+    DISTENV_LOG_LEVEL=debug."""
+    import logging
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun
+
+    from .knobs import LOG_LEVEL
+
+    if (LOG_LEVEL.raw() or "").strip().lower() != "debug":
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("torch.distributed"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        torchrun(list(args))
+    except (SignalException, KeyboardInterrupt) as exc:
+        number = int(getattr(exc, "sigval", signal.SIGINT))
+        if number != signal.SIGINT:  # a Ctrl-C reached the workers too: each said so
+            sys.stderr.write(f"distenv run: stopped by {signal.Signals(number).name}; its "
+                             "workers were stopped too\n")
+        return 128 + number
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == [AGENT]:
+        sys.exit(agent(sys.argv[2:]))
+    sys.exit(main())
+

@@ -540,3 +540,52 @@ def test_plan_checks_the_port_it_settles_on(monkeypatch, no_gpus):
                 run.plan(["python", "t.py"], discover=True)
     finally:
         holder.close()
+
+
+# -- Ctrl-C (issue 42, item 2) ----------------------------------------------------------------------
+WORKER = """
+import os, sys, time
+open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(os.getpid()))
+time.sleep(300)
+"""
+
+
+def test_ctrl_c_ends_a_per_node_run_with_one_line_per_worker_and_no_process_left(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) used to print 64 lines of
+    tracebacks: the elastic agent's and one per worker. Now each worker says it was
+    interrupted in one line, the agent nothing more, the exit status is 130 and no worker
+    is left."""
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("torch")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_",
+           "SLURM_", "DISTENV_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                                "MASTER_PORT", "LOCAL_RANK")}
+    p = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "distenv"), "run",
+                          "--nproc-per-node", "2", "--", sys.executable, str(script), str(ready)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(ready)) < 2:
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate(timeout=10)
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert p.returncode == 130, (p.returncode, err)
+    assert sorted(lines) == ["distenv: rank 0: interrupted (KeyboardInterrupt)",
+                             "distenv: rank 1: interrupted (KeyboardInterrupt)"], err
+    pids = [int((ready / r).read_text()) for r in os.listdir(ready)]
+    time.sleep(0.5)
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a worker was left"
