@@ -108,8 +108,8 @@ def test_plan_per_node_uses_torchrun_with_the_resolved_node(no_gpus, monkeypatch
     p = run.plan(["--nproc-per-node", "2", "--local-rank-arg", "hyphen", "python", "t.py", "x"], environ)
     assert p.mode == "torchrun"
     argv = p.argv
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
-    opts = dict(zip(argv[3:-5:2], argv[4:-4:2]))
+    assert argv[1:4] == ["-m", "distenv.run", run.AGENT]  # torch.distributed.run, quiet on Ctrl-C
+    opts = dict(zip(argv[4:-5:2], argv[5:-4:2]))
     assert opts["--nnodes"] == "2" and opts["--node-rank"] == "1" and opts["--nproc-per-node"] == "2"
     assert opts["--master-addr"] == "10.213.77.11" and opts["--master-port"] == str(p.env.master_port)
     assert opts["--rdzv-backend"] == "static"
@@ -455,7 +455,7 @@ def test_plan_onprem_per_node_needs_the_workers_per_node(no_gpus, monkeypatch):
     with pytest.raises(DistEnvError, match="not a multiple"):
         run.plan(["--nproc-per-node", "3", "python", "t.py"], {**ONPREM, "NODE_RANK": "1", "MASTER_PORT": "29400"})
     p = run.plan(["--nproc-per-node", "2", "python", "t.py"], {**ONPREM, "NODE_RANK": "1", "MASTER_PORT": "29400"})
-    opts = dict(zip(p.argv[3:-5:2], p.argv[4:-4:2]))
+    opts = dict(zip(p.argv[4:-5:2], p.argv[5:-4:2]))
     assert (opts["--nnodes"], opts["--node-rank"], opts["--nproc-per-node"]) == ("2", "1", "2")
 
 
@@ -543,7 +543,7 @@ def test_plan_checks_the_port_it_settles_on(monkeypatch, no_gpus):
 
 
 # -- Ctrl-C (issue 42, item 2) ----------------------------------------------------------------------
-WORKER = """
+CTRL_C_WORKER = """
 import os, sys, time
 open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(os.getpid()))
 time.sleep(300)
@@ -561,7 +561,7 @@ def test_ctrl_c_ends_a_per_node_run_with_one_line_per_worker_and_no_process_left
 
     pytest.importorskip("torch")
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(CTRL_C_WORKER)
     ready = tmp_path / "ready"
     ready.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_",

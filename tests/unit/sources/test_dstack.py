@@ -42,7 +42,7 @@ def test_run_plans_torchrun_with_the_node_and_one_worker_per_gpu(no_gpus, monkey
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
     p = run.plan(["python", "main.py"], NODE1)
     assert p.mode == "torchrun"
-    opts = dict(zip(p.argv[3:-3:2], p.argv[4:-3:2]))
+    opts = dict(zip(p.argv[4:-3:2], p.argv[5:-3:2]))
     assert (opts["--nnodes"], opts["--node-rank"], opts["--nproc-per-node"],
             opts["--master-addr"]) == ("2", "1", "4", IPS[0])
 

@@ -40,17 +40,17 @@ def test_run_plans_torchrun_with_the_node_and_one_worker_per_reserved_gpu(no_gpu
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
     p = run.plan(["python", "main.py"], NODE1)
     assert p.mode == "torchrun"
-    opts = dict(zip(p.argv[3:-3:2], p.argv[4:-3:2]))
+    opts = dict(zip(p.argv[4:-3:2], p.argv[5:-3:2]))
     assert (opts["--nnodes"], opts["--node-rank"], opts["--nproc-per-node"],
             opts["--master-addr"]) == ("2", "1", "4", IPS[0])
     assert p.argv[-2:] == ["python", "main.py"]
     # --nproc-per-node gpu counts the GPUs Ray gave the run commands (CUDA_VISIBLE_DEVICES):
     # the task's reserved GPUs, as SKYPILOT_NUM_GPUS_PER_NODE says.
     p = run.plan(["--nproc-per-node", "gpu", "python", "main.py"], NODE1)
-    assert dict(zip(p.argv[3:-3:2], p.argv[4:-3:2]))["--nproc-per-node"] == "4"
+    assert dict(zip(p.argv[4:-3:2], p.argv[5:-3:2]))["--nproc-per-node"] == "4"
     # --nproc-per-node N wins over SKYPILOT_NUM_GPUS_PER_NODE.
     p = run.plan(["--nproc-per-node", "2", "python", "main.py"], NODE1)
-    assert dict(zip(p.argv[3:-3:2], p.argv[4:-3:2]))["--nproc-per-node"] == "2"
+    assert dict(zip(p.argv[4:-3:2], p.argv[5:-3:2]))["--nproc-per-node"] == "2"
     assert p.env.world_size == 4
 
 
