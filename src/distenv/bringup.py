@@ -99,6 +99,16 @@ def completed(env: DistEnv, *, nodes: bool = False, need: "tuple[str, ...] | Non
                                                      f"{env.provenance.get('rank_hosts')}")
         elif "rank_hosts" not in need:
             need = (*need, "rank_hosts")
+    if env.is_distributed and kind_of(env.provenance.get("master_port")) == DEFAULT \
+            and "rank_hosts" not in need:
+        # No job id to derive a port from (MPICH): every such job on a host would take
+        # torch's 29500 and meet the others' stores. The launcher's service knows the job
+        # (its key-value space, per mpiexec) and rank 0 publishes a port it found free:
+        # discovery's answer gives the job its own (distenv.discovery.apply).
+        from .sources import source_of
+
+        if source_of(env.launcher).services:
+            need = (*need, "rank_hosts")
     if not env.is_distributed or all(getattr(env, f) is not None for f in need):
         return env  # nothing to ask (and distenv.discovery not even imported)
     from .discovery import complete

@@ -222,6 +222,7 @@ DEVELOPMENT_NAMES = {
     "DISTENV_REQUIRE_FRAMEWORK": "a test that would skip for a missing framework fails",
     "DISTENV_LAUNCHERS_DIR": "where integrations/setup.sh installs the launchers",
     "DISTENV_RUN_DIR": "where the test clusters keep their state",
+    "DISTENV_CONCURRENCY_ROUNDS": "rounds of the concurrent Hydra jobs test (default 10)",
     "DISTENV_REPO_DIR": "the checkout the integration scripts use",
     "DISTENV_INTEGRATIONS_DIR": "the integrations/ folder the scripts use",
     "DISTENV_CACHE_DIR": "the setup's download cache",

@@ -270,11 +270,39 @@ def _connect(TCPStore: Any, addr: str, port: int, size: int, host: bool, wait: d
         _listening(addr, port, wait, start, size)
         left = wait - datetime.timedelta(seconds=time.monotonic() - start)
         try:
-            return TCPStore(addr, port, size, False, timeout=max(left / 3, second),
-                            wait_for_workers=False, multi_tenant=True)
+            return _within(left, lambda: TCPStore(addr, port, size, False,
+                                                  timeout=max(left / 3, second),
+                                                  wait_for_workers=False, multi_tenant=True))
         except Exception:
             if wait - datetime.timedelta(seconds=time.monotonic() - start) < second:
                 raise
+
+
+def _within(wait: datetime.timedelta, make: "Any") -> Any:
+    """`make()`, or TimeoutError once `wait` is over. torch's store client waits without end
+    for the answer to its first message when what listens at the port accepts and never
+    answers (another program, a hung or foreign server: measured with torch 2.13, 120 s and
+    counting under a 3 s timeout); the call stays in a daemon thread, which does not hold
+    the process at its exit."""
+    import threading
+
+    box: "dict[str, Any]" = {}
+
+    def call() -> None:
+        try:
+            box["store"] = make()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=call, name="distenv-store-client", daemon=True)
+    t.start()
+    t.join(max(wait.total_seconds(), 0.0) + 1.0)
+    if t.is_alive():
+        raise TimeoutError(f"what listens there accepted the connection but never answered "
+                           f"torch's store protocol within {wait.total_seconds():.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["store"]
 
 
 _generation = 0  # init_process_group calls in this process: keeps each rendezvous's keys apart

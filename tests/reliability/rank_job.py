@@ -109,6 +109,7 @@ def main(mode: str) -> int:
             distenv.torch.init_process_group("gloo", **kwargs)
         finally:
             out["init_seconds"] = round(time.monotonic() - t_init, 2)
+        out["port"] = int(os.environ.get("MASTER_PORT", "0"))  # the port the job met on
         try:
             if mode == "hang-collective" and is_victim:
                 out["victim"] = True

@@ -92,14 +92,19 @@ def test_needs():
 
 
 def test_the_service_is_asked_only_for_what_is_unknown(asked):
-    known = distenv.resolve(recorded("mpich4-np4", 1))
+    known = distenv.resolve(recorded("openmpi4-np4", 1))
     assert bringup.completed(known) is known and asked == []  # nothing to ask
     single = distenv.resolve({})
     assert bringup.completed(single, nodes=True) is single and asked == []
     across = distenv.resolve(recorded("cluster-mpich4-2x2", 1))  # Hydra: no head node
     assert across.master_addr is None
     assert bringup.completed(across, timeout=7.0).master_addr == "node1"
-    assert asked == [(("master_addr", "world_size"), 7.0)]
+    # MPICH gives no job id: every rank's host too, whose answer gives the job its own port
+    assert asked == [(("master_addr", "world_size", "rank_hosts"), 7.0)]
+    asked.clear()
+    one_node = distenv.resolve(recorded("mpich4-np4", 1))  # every field known, the port torch's
+    bringup.completed(one_node)
+    assert asked == [(("master_addr", "world_size", "rank_hosts"), None)]
 
 
 def test_a_mapping_passed_in_is_not_completed_unless_asked(asked, registered):

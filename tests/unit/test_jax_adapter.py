@@ -144,9 +144,11 @@ def test_discovery_completes_an_unknown_master(monkeypatch):
     monkeypatch.setattr(distenv.discovery, "complete", complete, raising=False)
     env = {**recorded("cluster-mpich4-2x2", 1), "DISTENV_TIMEOUT": "9"}
     assert host_of(dj.plan(env, discover=True).coordinator_address) == "node1"
-    assert asked == [(("master_addr", "world_size"), 9.0)]
-    dj.plan(recorded("mpich4-np4", 1), discover=True)  # everything known: no exchange
-    assert len(asked) == 1
+    # and every rank's host: MPICH gives no job id, so the service gives the job its port
+    assert asked == [(("master_addr", "world_size", "rank_hosts"), 9.0)]
+    asked.clear()
+    dj.plan(recorded("openmpi4-np4", 1), discover=True)  # everything known: no exchange
+    assert asked == []
 
 
 def test_single_process():

@@ -88,9 +88,12 @@ class Hydra(Source):
                     r.set("job_id", env[var], var)
                 break
         else:
-            r.notes.append(Note("MPICH reveals no job id: concurrent jobs on one machine share "
-                                "the default port. Fix: give each concurrent job its own "
-                                "MASTER_PORT (mpiexec -genv MASTER_PORT <port>)", about="master_port"))
+            r.notes.append(Note("MPICH reveals no job id: the port shown is torch's default; "
+                                "distenv's adapters and distenv run take the job's own from "
+                                "Hydra's key-value service (distenv show --discover shows it). "
+                                "Fix: a script that reads MASTER_PORT itself needs one per "
+                                "concurrent job (mpiexec -genv MASTER_PORT <port>)",
+                                about="master_port"))
 
 
 SOURCE = Hydra()
