@@ -219,7 +219,7 @@ def test_documented_environment_gives_the_template_launch(launch, gpus_on_node, 
             # Per-node template: distenv run starts this node's workers.
             p = planner(args, env)
             assert p.mode == "torchrun", f"{where}: expected a per-node launch, got {p!r}"
-            assert p.argv[1:3] == ["-m", "torch.distributed.run"], where
+            assert p.argv[1:4] == ["-m", "distenv.run", "--torch-elastic-agent"], where  # torch.distributed.run
             nproc = int(_flag(p.argv, "--nproc-per-node"))
             assert int(_flag(p.argv, "--nnodes")) == launch.nodes, where
             assert int(_flag(p.argv, "--node-rank")) == expected["node_rank"], where
