@@ -8,6 +8,8 @@
                                             MPI_Finalize
     discover_probe.py show                  `distenv show --discover --json` as a child of this
                                             rank: its exit status, stdout and stderr
+    discover_probe.py bring-up              what the adapters' bring-up completes (the fields
+                                            torch needs), or its error
 
 The launcher's own truth is the rank variable it set (SLURM_PROCID, OMPI_COMM_WORLD_RANK,
 PMI_RANK) and this host's name. Standard library only, apart from distenv itself.
@@ -81,8 +83,24 @@ def show_mode() -> None:
     emit({"truth": truth(), "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr})
 
 
+def bring_up_mode() -> None:
+    sys.modules["mpi4py"] = None  # type: ignore[assignment]  # the launcher's service, not MPI
+    import distenv
+    from distenv.bringup import completed
+
+    record = {"truth": truth(), "given": os.environ.get("MASTER_ADDR")}
+    try:
+        env = completed(distenv.resolve())
+        record.update(env=env.to_dict(), why=dict(env.provenance))
+    except distenv.DistEnvError as exc:
+        record["error"] = str(exc)
+    emit(record)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "discover":
+    if sys.argv[1] == "bring-up":
+        bring_up_mode()
+    elif sys.argv[1] == "discover":
         discover_mode(sys.argv[2] if len(sys.argv) > 2 else None)
     elif sys.argv[1] == "show":
         show_mode()

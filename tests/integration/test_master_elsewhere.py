@@ -1,0 +1,49 @@
+"""A master address set by hand that is not rank 0's host (issue 42, item 4), on the two
+namespace nodes: torch's store would listen on rank 0's host and every rank wait on the other
+(30 minutes by torch's default). At bring-up every rank refuses it in one line naming both,
+where the launch places rank 0 -- its own variables (SLURM's block layout) or the launcher's
+service (SLURM arbitrary, Open MPI 5, MPICH 4) -- and rank 0's own host, given by another
+name of it, passes."""
+from __future__ import annotations
+
+import pytest
+
+import harness
+from test_hpc_interfaces import ARBITRARY_HOSTS, NODE2_FIRST, WRAPPED
+
+pytestmark = [pytest.mark.launcher, pytest.mark.cluster, pytest.mark.timeout(900)]
+
+PROBE = str(harness.HERE / "discover_probe.py")
+BLOCK = harness.Layout("slurm", "block-n2", "slurm2", 2, "slurm", "slurm",
+                       lambda cmd, extra: ["srun", "-N2", "-n2", *extra, *cmd], ("node1", "node2"))
+#: layout -> where its rank 0 runs, the other host
+CASES = {
+    "srun-block": (BLOCK, ["node1", "node2"]),
+    "srun-arbitrary": (WRAPPED["srun-pmix"][0], ARBITRARY_HOSTS),
+    "openmpi5": (WRAPPED["openmpi5"][0], NODE2_FIRST),
+    "mpich4": (WRAPPED["mpich4"][0], NODE2_FIRST),
+}
+
+
+def _records(lay, given):
+    result = harness.launch(lay, [harness.PY, PROBE, "bring-up"], env={"MASTER_ADDR": given},
+                            extra=("-x", "MASTER_ADDR") if lay.launcher == "openmpi5" else (),
+                            timeout=300)
+    records = [r for out, _ in result["files"].values() for r in harness.parse_records(out)]
+    assert len(records) == lay.nranks, result["files"]
+    return records
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_another_hosts_name_is_refused_on_every_rank_and_rank_0s_passes(need, case):
+    lay, hosts = CASES[case]
+    lay = need(lay)
+    first = hosts[0]
+    other = next(h for h in hosts if h != first)
+    for r in _records(lay, other):
+        assert r["given"] == other, r  # the variable reached every rank
+        error = r.get("error", "")
+        assert f"master_addr={other}" in error and f"rank 0 runs on {first}" in error, r
+        assert error.count("Fix:") == 1 and "\n" not in error, r
+    for r in _records(lay, harness.NODE_IP[first]):  # another name of rank 0's host: fine
+        assert "error" not in r and r["env"]["master_addr"] == harness.NODE_IP[first], r
