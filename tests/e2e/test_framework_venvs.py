@@ -8,7 +8,7 @@ import pytest
 
 from launch_pool import interpreter
 
-VENVS = ("lightning", "deepspeed", "transformers4", "transformers5", "tensorflow", "jax")
+VENVS = ("lightning", "deepspeed", "transformers4", "transformers5", "tensorflow", "jax", "ray")
 
 
 @pytest.mark.parametrize("name", VENVS)
@@ -44,7 +44,9 @@ def test_the_framework_venv_has_the_pinned_versions(name):
     python, why = interpreter(name)
     if python is None:
         pytest.skip(why)
-    extra = (f"constraints-{name}.txt",) if name.startswith("transformers") else ()
+    extra = {"transformers4": ("constraints-transformers4.txt",),
+             "transformers5": ("constraints-transformers5.txt",),
+             "ray": ("constraints-transformers5.txt",)}.get(name, ())
     pins = _pins("constraints.txt", *extra)
     p = subprocess.run([python, "-c", "import importlib.metadata as m, json; print(json.dumps("
                         "{d.metadata['Name'].lower().replace('_', '-'): d.version "
@@ -59,5 +61,5 @@ def test_the_framework_venv_has_the_pinned_versions(name):
                        "(integrations/frameworks/constraints*.txt)")
     framework = {"lightning": "lightning", "deepspeed": "deepspeed", "transformers4": "transformers",
                  "transformers5": "transformers", "tensorflow": "tensorflow-cpu", "jax": "jax",
-                 "horovod": "torch"}[name]
+                 "horovod": "torch", "ray": "ray"}[name]
     assert framework in pins and framework in have, (framework, sorted(pins))
