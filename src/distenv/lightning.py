@@ -137,6 +137,7 @@ def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]",
     service -- every rank builds its Trainer, so every rank takes part). A worker Lightning
     started from a per-node process is described by the ``lightning`` source
     (`distenv.sources.lightning_node`) from the node's hand-off."""
+    _refuse_if_elsewhere(environ, overrides)
     return bring_up("lightning", environ=environ, overrides=overrides, per_node=ALLOW, nodes=True,
                     export=NEVER, teardown=teardown)
 
@@ -294,15 +295,27 @@ def _launch_environment(connector: Any) -> "DistenvEnvironment | None":
     if flag is not None and not isinstance(flag, str):  # plugins=[...] gave one
         return flag if isinstance(flag, DistenvEnvironment) else None
     if "_distenv_environment" not in connector.__dict__:
-        env = DistenvEnvironment()
         from .sources import adapter_acts
 
         # No launcher: Lightning's own choice (its XLA environment on a TPU VM, ...); a launch
-        # whose source leaves torch frameworks alone (a TPU pod: torch-xla numbers per chip).
-        acts = env.env.launcher != "none" and adapter_acts(env.env.launcher, "lightning")
-        connector._distenv_environment = env if acts else None
+        # whose source leaves torch frameworks alone (a TPU pod: torch-xla numbers per chip)
+        # or Lightning to its own integration (Ray Train's RayLightningEnvironment).
+        launcher = resolve().launcher
+        acts = launcher != "none" and adapter_acts(launcher, "lightning")
+        connector._distenv_environment = DistenvEnvironment() if acts else None
     found: "DistenvEnvironment | None" = connector._distenv_environment
     return found
+
+
+def _refuse_if_elsewhere(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]") -> None:
+    """One line when the launch runs Lightning through its own integration (`Source.instead`)."""
+    from .sources import source_of
+
+    source = source_of(resolve(environ, **overrides).launcher)
+    fix = source.instead.get("lightning")
+    if fix:
+        raise DistEnvError(f"distenv's Lightning plugin inside {source.title}: {source.title} runs this "
+                           f"Trainer's processes with its own Lightning integration. Fix: {fix}.")
 
 
 def _launch_devices(env: DistEnv, devices: Any, num_nodes: int) -> "tuple[Any, int]":

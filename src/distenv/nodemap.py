@@ -235,8 +235,11 @@ def _per_node(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
 
 def _partial(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
     """What is known without the host of every rank: this process's node and the counts."""
+    from .sources import source_of
+
+    own = source_of(env.launcher).unknown_fix
     unknown = [f"the host of every rank ({env.provenance.get('rank_hosts', 'not revealed')}). "
-               + PLACEMENT_FIX]
+               + (f"Fix: {own}." if own else PLACEMENT_FIX)]
     count, mine = env.num_nodes, env.node_rank
     if env.world_size is None:
         unknown.append(f"world_size ({env.provenance.get('world_size', 'not revealed')}). "

@@ -461,20 +461,23 @@ _UNKNOWN = (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCA
 def _note_unknowns(r: Reading, source: "Source") -> None:
     """Every unknown field carries a note saying what to do (docs/inferences.md): one note that
     lists them all (`unknown_note`)."""
-    note = unknown_note(r.values, source.title, r.launch == PER_NODE, reads=source.owns)
+    note = unknown_note(r.values, source.title, r.launch == PER_NODE, reads=source.owns,
+                        never=source.unknown_fix)
     if note is not None:
         r.notes.append(note)
 
 
 def unknown_note(values: "Mapping[str, Any]", title: str, per_node: bool,
-                 asked: bool = False, reads: "tuple[str, ...]" = ()) -> "Note | None":
+                 asked: bool = False, reads: "tuple[str, ...]" = (),
+                 never: str = "") -> "Note | None":
     """The note listing every unknown field of `values` and what to do (a source's own note
     may say more of one; its text is not matched), or None. A per-node launch's workers are
     not started yet, so their rank and local rank are unknown by nature. Discovery rebuilds it
     when it fills some of them (`Note.kind` UNKNOWN), or `asked` it and could not. The fix
     names a variable to export only where it would be read: MASTER_ADDR (the resolver takes
     it), or one of `reads` (the launcher's source's `owns`); the others are only checked
-    against what the launcher says, so exporting them would change nothing."""
+    against what the launcher says, so exporting them would change nothing. `never`: the
+    launcher's own fix for what it never reveals (`Source.unknown_fix`), instead of discovery."""
     left = [(f, var) for f, var in _UNKNOWN if values.get(f) is None
             and not (per_node and f in ("rank", "local_rank"))]
     if not left:
@@ -483,7 +486,8 @@ def unknown_note(values: "Mapping[str, Any]", title: str, per_node: bool,
     exported = [var for f, var in left if var == "MASTER_ADDR" or var in reads]
     # `asked`: discovery ran and could not fill them (its own note says why): no use in
     # suggesting it again
-    fix = "" if asked else "call distenv.discover() (it asks the launcher's service or the other ranks)"
+    fix = never or ("" if asked else
+                    "call distenv.discover() (it asks the launcher's service or the other ranks)")
     if exported:
         fix += f"{', or ' if fix else ''}export {', '.join(exported)} to every process"
     fix = fix or "give them to every process"

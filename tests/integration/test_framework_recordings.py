@@ -1,7 +1,7 @@
 """Replay of the framework launchers' recordings: tests/fixtures/frameworks/*.json,
 written from real runs by integrations/record/record_frameworks.sh (horovodrun --gloo -np 2,
-horovodrun --gloo 2x2 on the namespace nodes, deepspeed --num_gpus 2 on CPU), in the format
-of tests/fixtures/launchers/*.json.
+horovodrun --gloo 2x2 on the namespace nodes, deepspeed --num_gpus 2 on CPU; Ray Train's
+workers from tests/e2e/ray_probe.py's records), in the format of tests/fixtures/launchers/*.json.
 
 No launcher runs here: every rank's recorded environment goes through distenv.resolve().
 
@@ -26,7 +26,8 @@ from distenv import DistEnvError, resolve
 FIXTURES = harness.REPO / "tests" / "fixtures" / "frameworks"
 FILES = sorted(FIXTURES.glob("*.json"))
 FAMILIES = [("horovodrun", "horovodrun", "HOROVOD_LOCAL_RANK"),
-            ("deepspeed", "deepspeed", "LOCAL_RANK")]
+            ("deepspeed", "deepspeed", "LOCAL_RANK"),
+            ("ray", "ray", "LOCAL_RANK")]  # Ray Train's workers: tests/unit/sources/test_ray.py
 
 
 def _load(path):
@@ -44,7 +45,8 @@ def _unit_replay():
 
 def test_framework_recordings_exist():
     assert {_load(p)["layout"] for p in FILES} == \
-        {"horovodrun-gloo-np2", "horovodrun-gloo-2x2", "deepspeed-nproc2"}
+        {"horovodrun-gloo-np2", "horovodrun-gloo-2x2", "deepspeed-nproc2", "ray-srun-np2",
+         "ray-sbatch-2x2"}
     for p in FILES:
         assert p.stem == _load(p)["layout"]
 

@@ -213,7 +213,8 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]",
     values = unsettled(env)
     source = source_of(env.launcher)
     rebuilt = unknown_note(values, source.title or str(env.launcher),
-                           env.launch == PER_NODE, asked=True, reads=source.owns)
+                           env.launch == PER_NODE, asked=True, reads=source.owns,
+                           never=source.unknown_fix)
     return DistEnv(values, env.provenance,
                    [*notes, *([rebuilt] if rebuilt else []), Note(text, about=fields, kind=DECLINED)])
 

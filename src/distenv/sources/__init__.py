@@ -53,6 +53,10 @@ class Source:
     #: framework's own set-up alone (a TPU pod: torch-xla numbers processes per chip, not per
     #: host, so the host-level ranks must not reach torch's variables).
     adapters: "tuple[str, ...] | None" = None
+    #: Adapters this launch leaves to the framework's own integration, each with what to use
+    #: instead (Ray Train runs Lightning through RayDDPStrategy): their zero-code paths do
+    #: nothing, and an explicit call (DistenvEnvironment()) is refused in one line with it.
+    instead: "dict[str, str]" = {}
     #: Frameworks' own launch detections ("framework:name", e.g. "jax:slurm") that read the
     #: environments this source reads: where distenv resolves a launch (or proves a single
     #: process), those are not asked. A framework detection no source covers is left alone
@@ -100,6 +104,10 @@ class Source:
     #: What to do when none of `services` is offered to a process of this launch (how to
     #: launch so that one is), for the note discovery leaves; "" for the generic fix.
     service_fix = ""
+    #: What to do about the fields this launcher never reveals (the node count, the host of
+    #: every rank) where no service of its can tell them either, for the unknown note and
+    #: `distenv show --map`; "" for the generic fixes (distenv.discover(), DISTENV_HOSTFILE).
+    unknown_fix = ""
     #: How `distenv doctor` finds the launcher's own version: the variable that holds it
     #: (shown as "<title> <value>"), else the Python distribution that is the launcher, else
     #: `version_command`'s ``--version`` -- found among this process's ancestors (`programs`;
@@ -199,6 +207,9 @@ LAUNCHERS = [
     Entry("torchrun", "torchrun", ("TORCHELASTIC_RUN_ID",)),
     Entry("deepspeed", "deepspeed", ("CROSS_RANK",)),
     Entry("horovodrun", "horovodrun", ("HOROVOD_RANK",)),
+    # Ray runs inside the cluster launchers below (its workers inherit their variables); the
+    # launchers above start inside Ray workers (horovod.ray, torchrun in a Ray task).
+    Entry("ray", "ray", ("RAY_RAYLET_PID",)),
     Entry("openmpi", "openmpi", ("OMPI_COMM_WORLD_RANK",)),
     Entry("mvapich2", "mvapich2", ("MV2_COMM_WORLD_RANK",)),
     Entry("pals", "pals", ("PALS_RANKID",)),
@@ -275,8 +286,10 @@ def adapter_acts(launcher: "str | None", adapter: str) -> bool:
     """Does the zero-code `adapter` ("torch", "jax", ...) act on a launch by `launcher`?
     (`Source.adapters`; an unknown name: yes.)"""
     entry = find(launcher) if launcher else None
-    allowed = entry.load().adapters if entry is not None else None
-    return allowed is None or adapter in allowed
+    if entry is None:
+        return True
+    source = entry.load()
+    return adapter not in source.instead and (source.adapters is None or adapter in source.adapters)
 
 
 def job_prefixes() -> "tuple[str, ...]":
