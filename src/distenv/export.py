@@ -36,11 +36,6 @@ def variables(env: DistEnv) -> "dict[str, object]":
     return {k: values[k] for k in keep}
 
 
-#: How each launcher family passes a variable set in the job script to every rank.
-
-
-
-
 def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
     """Why an incomplete launch cannot be exported, and what to set, in the words of the
     launcher at hand (a plain RANK/WORLD_SIZE run has no mpirun to pass variables on)."""
