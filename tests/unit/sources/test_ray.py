@@ -113,3 +113,33 @@ def test_lightning_is_left_to_rays_integration_the_other_adapters_act():
     assert all(adapter_acts("ray", a) for a in ("torch", "transformers", "deepspeed", "jax"))
     assert "RayDDPStrategy" in source_of("ray").instead["lightning"]
     assert adapter_acts("slurm", "lightning") and adapter_acts("torchrun", "lightning")
+
+
+#: What a worker inherits when Ray runs inside another launcher or platform (`ray start` under
+#: mpirun, in a Kubeflow or Indexed Job pod, on a cloud platform): that launcher's variables
+#: for the `ray start` process, which describe it, not the worker.
+OUTER = {
+    "openmpi": {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"},
+    "mpich": {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"},
+    "kubeflow": {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "1",
+                 "PET_MASTER_ADDR": "head", "PET_MASTER_PORT": "23456"},
+    "k8s_job": {"JOB_COMPLETION_INDEX": "1", "DISTENV_JOB_COMPLETIONS": "2"},
+    "sagemaker": {"SM_HOSTS": '["algo-1","algo-2"]', "SM_CURRENT_HOST": "algo-2"},
+    "azureml": {"AZUREML_RUN_ID": "x", "AZ_BATCH_MASTER_NODE": "10.0.0.4:6105"},
+    "skypilot": {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2",
+                 "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2"},
+    "tf_config": {"TF_CONFIG": '{"cluster":{"worker":["a:1","b:1"]},"task":{"type":"worker","index":1}}'},
+}
+
+
+@pytest.mark.parametrize("outer", sorted(OUTER))
+def test_ray_inside_other_launchers_and_platforms_keeps_rays_fields(outer):
+    worker = {k: v for k, v in ranks("ray-sbatch-2x2")[2]["env"].items()
+              if not k.startswith("SLURM_")}
+    alone = resolve(worker)
+    env = resolve({**worker, **OUTER[outer]})
+    assert env.launcher == "ray"
+    for field in ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
+                  "master_addr", "master_port"):
+        assert getattr(env, field) == getattr(alone, field), (outer, field, env.explain())
