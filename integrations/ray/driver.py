@@ -61,7 +61,7 @@ def wait_for_nodes(ray, want, seconds):
         if alive >= want:
             return
         if time.monotonic() > deadline:
-            raise SystemExit(f"driver.py: {alive} of {want} Ray nodes joined in {seconds:.0f} s "
+            raise SystemExit(f"driver.py: {alive} of {want} Ray nodes joined in {seconds:.0f} s. "
                              "Fix: look at the `ray start` lines of the job's output")
         time.sleep(0.5)
 

@@ -253,6 +253,7 @@ DEVELOPMENT_NAMES = {
     "DISTENV_LIGHTNING_PACKAGES": "the Lightning packages the setup installs",
     "DISTENV_TRANSFORMERS4_VENV": "the transformers4 virtualenv of the setup",
     "DISTENV_TRANSFORMERS5_VENV": "the transformers5 virtualenv of the setup",
+    "DISTENV_RAY_VENV": "the Ray virtualenv of the setup",
     "DISTENV_DEEPSPEED_VENV": "the deepspeed virtualenv of the setup",
     "DISTENV_HOROVOD_VENV": "the horovod virtualenv of the setup",
     "DISTENV_TENSORFLOW_VENV": "the tensorflow virtualenv of the setup",

@@ -123,7 +123,7 @@ def check_cli(records: "list[dict]", world: int, nodes: "int | None") -> None:
     where = f"on {nodes} node(s)" if nodes else "on ? node(s)"
     assert f"job: ray per-process launch, {world} rank(s) {where}" in text, text
     if nodes is None:  # nothing proves the other node's ranks: said, with Ray's own fix
-        assert "Ray Train placed its workers" in text, text
+        assert "Ray Train placed them" in text, text
     assert all(r["map"]["out"] == "" for r in records if r is not rank0)
 
 
@@ -158,7 +158,9 @@ def test_driver_inside_srun_step_then_transformers(request, ray_py, work):
     assert rc == 0, chatter[-6000:]
     # Transformers' Trainer with distenv.transformers.patch() in Ray's workers: Ray's world,
     # and the weights one process reaches on the 2 workers' global batch
-    run = Run("ray", rc, harness.parse_records(chatter), {}, chatter, 0.0)
+    # Ray forwards the workers' lines as they come: rank 1's record may be printed first
+    records = sorted(harness.parse_records(chatter), key=lambda r: r.get("process_index", -1))
+    run = Run("ray", rc, records, {}, chatter, 0.0)
     hf.assert_really_distributed(run, major=5)
     hf.assert_matches_reference(run, ray_py)
 

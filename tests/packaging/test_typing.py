@@ -79,6 +79,7 @@ TYPED = (
     "sources/gcp.py",
     "sources/gke_tpu.py",
     "sources/horovodrun.py",
+    "sources/ray.py",
     "sources/hydra.py",
     "sources/k8s_job.py",
     "sources/kubeflow.py",

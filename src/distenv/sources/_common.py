@@ -97,6 +97,11 @@ def platform_master(r: Reading, addr: str, what: str, why: str) -> None:
     not (torchrun's c10d rendezvous gives group rank 0 to any node, measured; the rank-0 agent
     then passes its own address). The launcher's then stays, with a note when they differ."""
     own = r.get("master_addr") if "MASTER_ADDR" in r.owns else None
+    if own is None and r.node_order and "MASTER_ADDR" in r.owns:
+        # The launcher puts its rank 0 on any node (Ray Train, without the MASTER_ADDR it sets
+        # under init_method "env"): the platform's node is no proof of where.
+        r.notes.append(f"{what} is {addr}, but {r.node_order}: it is not taken as rank 0's host")
+        return
     if own is None:
         r.set("master_addr", addr, why)
         r.addr_explicit = True
