@@ -26,9 +26,9 @@ def traceback_wanted() -> bool:
     set (not 0), ``DISTENV_LOG_LEVEL=debug``, or the ``distenv`` logger enabled for DEBUG."""
     import sys
 
-    from .knobs import LOG_LEVEL, TRACEBACK  # lazy: only on the error path
+    from .knobs import TRACEBACK, debug_asked  # lazy: only on the error path
 
-    if TRACEBACK.value() or (LOG_LEVEL.raw() or "").strip().lower() == "debug":
+    if TRACEBACK.value() or debug_asked():
         return True
     logging = sys.modules.get("logging")  # not configured when never imported
     return logging is not None and logging.getLogger("distenv").isEnabledFor(logging.DEBUG)

@@ -73,10 +73,9 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     d, src = resolved(env, environ)
     if d.launch == PER_NODE:
         raise DistEnvError(per_node_message(d, "horovod"))
-    wanted = (controller or knobs.HOROVOD_CONTROLLER.raw(src) or "auto").strip().lower()
-    if wanted not in ("auto", "mpi", "gloo"):
-        raise DistEnvError(f"{knobs.HOROVOD_CONTROLLER}={wanted!r} is not a controller. Fix: set "
-                           "it to mpi, gloo or auto (or unset it: auto).")
+    # controller= is checked as the variable is, by the knob's parser
+    wanted = (knobs.HOROVOD_CONTROLLER.parse(controller, "controller") if controller
+              else knobs.HOROVOD_CONTROLLER.value(src))
     source = source_of(d.launcher)
     if source.family == "horovod":  # horovodrun set Horovod up itself
         return Plan(d, "horovodrun")

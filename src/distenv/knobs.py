@@ -421,10 +421,25 @@ def hostfile(environ: "Mapping[str, str] | None" = None) -> "str | None":
 
 
 def gather(environ: "Mapping[str, str] | None" = None) -> "str | None":
-    """DISTENV_GATHER: how to ask the other ranks for their hosts (only 'mpi4py')."""
-    return (GATHER.raw(environ) or "").strip().lower() or None
+    """DISTENV_GATHER: how to ask the other ranks for their hosts (only 'mpi4py'); a value
+    its parser refuses is an error naming it."""
+    method: "str | None" = GATHER.value(environ)
+    return method
 
 
-def truthy(value: object) -> bool:
-    """A yes/no value: 1, true, yes, on."""
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+def debug_asked(environ: "Mapping[str, str] | None" = None) -> bool:
+    """DISTENV_LOG_LEVEL=debug. A value its parser refuses asks for nothing here (the logger
+    then keeps INFO, and `distenv doctor` reports the value as an error)."""
+    try:
+        return bool(LOG_LEVEL.value(environ) == "debug")
+    except DistEnvError:
+        return False
+
+
+def log_level(environ: "Mapping[str, str] | None" = None) -> str:
+    """DISTENV_LOG_LEVEL's level ('info' when unset or refused, as `debug_asked`)."""
+    try:
+        level: str = LOG_LEVEL.value(environ)
+    except DistEnvError:
+        return str(LOG_LEVEL.default)
+    return level

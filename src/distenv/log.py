@@ -24,10 +24,9 @@ modules import it where they emit.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from .knobs import LOG_LEVEL, unknown, unknown_message
+from .knobs import LOG_LEVEL, log_level, unknown, unknown_message
 
 ROOT = "distenv"
 LEVEL_VAR = LOG_LEVEL
@@ -78,9 +77,7 @@ def _configure() -> logging.Logger:
     handler.setFormatter(_Format("%(message)s"))
     logger.addHandler(handler)
     if logger.level == logging.NOTSET:
-        name = os.environ.get(LEVEL_VAR, "").strip().upper() or "INFO"
-        level = logging.getLevelName(name)
-        logger.setLevel(level if isinstance(level, int) else logging.INFO)
+        logger.setLevel(log_level().upper())
     return logger
 
 

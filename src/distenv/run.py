@@ -403,9 +403,9 @@ def agent(args: "Sequence[str]") -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    from .knobs import LOG_LEVEL
+    from .knobs import debug_asked
 
-    if (LOG_LEVEL.raw() or "").strip().lower() != "debug":
+    if not debug_asked():
         for name in list(logging.root.manager.loggerDict):
             if name.startswith("torch.distributed"):
                 logging.getLogger(name).setLevel(logging.ERROR)

@@ -197,3 +197,31 @@ def test_the_readme_lists_every_launcher_name_distenv_launcher_takes():
         row = next(line for line in fh if line.startswith("| `resolve(launcher="))
     listed = re.findall(r"`([\w.]+)`", row.partition("The names:")[2])
     assert listed == names(), (listed, names())
+
+
+@pytest.mark.parametrize("name, value, said, good", [
+    ("DISTENV_TIMEOUT", "abc", "positive number of seconds", "300"),
+    ("DISTENV_TIMEOUT", "-3", "positive number of seconds", "0.5"),
+    ("DISTENV_TF_PORT", "99999", "DISTENV_TF_PORT", "23456"),
+    ("DISTENV_HOROVOD_CONTROLLER", "tcp", "auto, mpi, gloo", "gloo"),
+    ("DISTENV_GATHER", "zz", "mpi4py", "mpi4py"),
+    ("DISTENV_LOG_LEVEL", "loud", "debug, info", "debug"),
+])
+def test_the_doctor_reports_a_value_its_knob_refuses(name, value, said, good):
+    """`DISTENV_TIMEOUT=abc` got "0 errors" from the doctor, then the job died on it at the
+    rendezvous: every knob's value goes through its parser, an error with the knob's Fix."""
+    from distenv.doctor import diagnose
+
+    found = [f for f in diagnose({name: value, "PATH": "/usr/bin"})["findings"] if f["topic"] == "knobs"]
+    assert [f["level"] for f in found] == ["error"], found
+    assert name in found[0]["message"] and said in found[0]["message"], found
+    assert found[0].get("fix"), found
+    assert not [f for f in diagnose({name: good, "PATH": "/usr/bin"})["findings"] if f["topic"] == "knobs"]
+
+
+def test_the_doctor_command_exits_1_on_a_bad_knob_value():
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DISTENV_")}, "DISTENV_TIMEOUT": "abc"}
+    p = subprocess.run([sys.executable, "-m", "distenv", "doctor", "--summary"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "DISTENV_TIMEOUT='abc'" in p.stdout and "Fix: " in p.stdout, p.stdout

@@ -44,9 +44,9 @@ def debug(text: str) -> None:
     no handler could show it."""
     import sys
 
-    from ..knobs import LOG_LEVEL
+    from ..knobs import debug_asked
 
-    if "logging" in sys.modules or (LOG_LEVEL.raw() or "").strip().lower() == "debug":
+    if "logging" in sys.modules or debug_asked():
         from ..log import get_logger
 
         get_logger("distenv.discovery").debug(text)

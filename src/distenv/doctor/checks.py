@@ -28,12 +28,20 @@ def _int(value: object) -> "int | None":
 
 def _check_knobs(rep: Report, environ: "Mapping[str, str]") -> None:
     """A DISTENV_* name distenv does not know: a warning naming the nearest one (a misspelled
-    DISTENV_AUTO leaves a script undistributed without a word)."""
-    from ..knobs import unknown, unknown_message
+    DISTENV_AUTO leaves a script undistributed without a word). A known knob whose value its
+    parser refuses: an error now, with the knob's Fix (the job would die on it only when the
+    adapter first reads it, e.g. DISTENV_TIMEOUT at the rendezvous)."""
+    from ..knobs import KNOBS, unknown, unknown_message
 
     for name, nearest in unknown(environ):
         problem, fix = split_fix(unknown_message(name, nearest))
         rep.add("warning", "knobs", problem, fix)
+    for knob in KNOBS.values():
+        try:
+            knob.value(environ)
+        except DistEnvError as e:
+            problem, fix = split_fix(str(e))
+            rep.add("error", "knobs", problem, fix)
 
 
 def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> None:

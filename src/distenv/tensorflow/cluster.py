@@ -114,9 +114,8 @@ def _worker_hosts(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None",
     if hostfile:
         return placement.read_hostfile(d, hostfile)
     if gather:
-        if gather not in (True, "mpi4py", "mpi", "1", "true", "yes"):
-            raise DistEnvError(f"DISTENV_GATHER={gather!r}: the only method is 'mpi4py'. "
-                               "Fix: set DISTENV_GATHER=mpi4py, or unset it.")
+        if gather is not True:  # gather= is checked as the variable is, by the knob's parser
+            knobs.GATHER.parse(str(gather), "gather")
         from ..discovery import discover
 
         gathered = discover(d, method="mpi4py").rank_hosts
