@@ -9,6 +9,7 @@ distenv's own test suite and scripts). Every module reads a name through its `Kn
 `unknown(environ)`: the ``DISTENV_*`` names in an environment that are none of these, each with
 the nearest known one (``DISTENV_AUOT`` -> ``DISTENV_AUTO``): a misspelled knob is otherwise
 ignored without a word (`distenv.log.warn_unknown_knobs` says so, `distenv doctor` counts it).
+`distenv doctor` parses every known knob's value as its reader will (an error, with the Fix).
 
 The shared knobs:
 
@@ -316,7 +317,9 @@ def markdown() -> str:
              "Generated from the registry in `src/distenv/knobs.py` (`distenv.knobs.markdown()`);",
              "`tests/unit/test_knobs.py` fails when this file and the registry differ. A",
              "`DISTENV_*` name that is none of these gets one warning naming the nearest one",
-             "(`DISTENV_AUOT` -> `DISTENV_AUTO`), and `distenv doctor` counts it as a warning.", ""]
+             "(`DISTENV_AUOT` -> `DISTENV_AUTO`), and `distenv doctor` counts it as a warning.",
+             "`distenv doctor` also parses every value set below: one its parser refuses",
+             "(`DISTENV_TIMEOUT=abc`) is an error with the Fix, before the job would die on it.", ""]
     for who in (USER, TEMPLATE, INTERNAL):
         lines += [f"## {titles[who]}", ""]
         if who == INTERNAL:
