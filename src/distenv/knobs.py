@@ -392,11 +392,18 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def _affinity(pid: int = 0) -> "set[int] | None":
+def cpu_set(pid: int = 0) -> "set[int] | None":
+    """The cores process `pid` (0: this one) may run on; None where the system does not say."""
     try:
         return set(os.sched_getaffinity(pid))
     except (AttributeError, OSError):
         return None
+
+
+def bound_cores() -> "int | None":
+    """How many cores this process may run on (its CPU affinity); None where unknown."""
+    cores = cpu_set()
+    return None if cores is None else len(cores)
 
 
 def core_share(local_world_size: "int | None", mine: "Iterable[int] | None" = None,
@@ -407,10 +414,10 @@ def core_share(local_world_size: "int | None", mine: "Iterable[int] | None" = No
     launcher bound this process to fewer cores than its parent has (mpirun's default binding,
     srun --cpu-bind), those cores are its own; otherwise the node's `local_world_size`
     processes share them."""
-    cores = _affinity() if mine is None else set(mine)
+    cores = cpu_set() if mine is None else set(mine)
     if not cores:
         cores = set(range(os.cpu_count() or 1))
-    theirs = _affinity(os.getppid()) if parent is None else set(parent)
+    theirs = cpu_set(os.getppid()) if parent is None else set(parent)
     nlocal = local_world_size or 1
     if theirs and cores < theirs:
         return len(cores), f"{len(cores)} core(s) bound to this process by the launcher"

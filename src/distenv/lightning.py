@@ -519,9 +519,10 @@ class DistenvEnvironment:
             self._environ[WORKER_VAR] = hand_off(self._env, num_devices, num_nodes)
 
     def _warn_if_bound(self, num_devices: int) -> None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
+        from .knobs import bound_cores
+
+        cores = bound_cores()
+        if cores is None:
             return
         if num_devices > 1 and cores < num_devices and cores < (os.cpu_count() or cores):
             from .log import get_logger

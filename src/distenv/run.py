@@ -227,13 +227,6 @@ def as_flag(message: str, value: str) -> str:
     return message
 
 
-def _bound_cores() -> "int | None":
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
 def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
          discover: bool = False) -> Plan:
     """Resolve and decide what to exec, without side effects (apart from finding a free
@@ -322,7 +315,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             f"torch there (pip install torch==2.13.0), or {_how_else(env)}.")
     for name in PET_OVERRIDES:
         child.pop(name, None)
-    cores = _bound_cores()
+    cores = knobs.bound_cores()
     # nproc_per_node is not None here: the loop over the per-node fields above raised otherwise
     if cores is not None and cores < env.nproc_per_node and cores < (os.cpu_count() or cores):  # type: ignore[operator]
         warnings.append(

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from distenv import doctor
+from distenv import doctor, knobs
 from distenv.cli import main as cli_main
 from distenv.redact import MASK, is_secret_name, redact_environ, redact_text, redact_value
 from envs import hydra_rank, ompi
@@ -103,7 +103,7 @@ def machine(tmp_path, monkeypatch, no_gpus):
     monkeypatch.setattr(doctor.system, "NET_DEV", str(netdev))
     monkeypatch.setattr(doctor.system, "NET_ROUTE", str(route))
     monkeypatch.setattr(doctor.system, "HOSTS_FILE", str(hosts))
-    monkeypatch.setattr(doctor.system, "_affinity", lambda: 8)
+    monkeypatch.setattr(knobs, "bound_cores", lambda: 8)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
 
     class Machine:
@@ -298,7 +298,7 @@ def test_cpu_oversubscription(machine, monkeypatch):
     assert findings(doctor.diagnose({**OMPI_1X2, "OMP_NUM_THREADS": "4"}), "cpu", "ok")
     assert findings(doctor.diagnose({**OMPI_1X2, "OMP_NUM_THREADS": "6"}), "cpu", "warning")
     # Bound by the launcher to 1 core: threads beyond it compete.
-    monkeypatch.setattr(doctor.system, "_affinity", lambda: 1)
+    monkeypatch.setattr(knobs, "bound_cores", lambda: 1)
     bound = findings(doctor.diagnose({**OMPI_1X2, "OMP_NUM_THREADS": "4"}), "cpu", "warning")
     assert bound and "OMP_NUM_THREADS=1" in bound[0]["fix"]
     # A per-node launch whose workers would share the one core it is bound to.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv import resolve, run
+from distenv import knobs, resolve, run
 from distenv.errors import DistEnvError
 from envs import hydra_rank, ompi
 
@@ -170,7 +170,7 @@ def test_plan_per_node_across_nodes_needs_the_master_address(no_gpus, monkeypatc
 
 def test_plan_warns_when_workers_would_share_a_bound_core(no_gpus, monkeypatch):
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
-    monkeypatch.setattr(run, "_bound_cores", lambda: 1)
+    monkeypatch.setattr(knobs, "bound_cores", lambda: 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     p = run.plan(["--nproc-per-node", "2", "python", "t.py"], OMPI_PPR1)
     assert p.warnings and "--bind-to none" in p.warnings[0]

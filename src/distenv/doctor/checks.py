@@ -173,7 +173,9 @@ def _check_gpus(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> "dic
 
 def _check_cpu(rep: Report, env: "DistEnv | None", environ: "Mapping[str, str]") -> "dict[str, Any]":
     total = os.cpu_count() or 1
-    bound = system._affinity() or total
+    from .. import knobs
+
+    bound = knobs.bound_cores() or total
     per_node = env is not None and env.launch == PER_NODE
     local = ((env.nproc_per_node if per_node else env.local_world_size) if env else None) or 1
     omp_raw = environ.get("OMP_NUM_THREADS")

@@ -119,13 +119,6 @@ def hosts_lookup(name: str, path: "str | None" = None) -> "list[str]":
     return found
 
 
-def _affinity() -> "int | None":
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
 def _ancestors(limit: int = 12) -> "Iterator[tuple[int, str | None, str]]":
     """(pid, executable, name) of this process's parents, nearest first (/proc)."""
     pid = os.getpid()
