@@ -19,7 +19,6 @@ polled, then scancel'ed), so nothing is left running and no job can hang a test.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -143,18 +142,6 @@ class Result:
                 f"argv: {' '.join(map(str, self.argv))}\n{self.output[-6000:]}")
 
 
-def _json_lines(text: str) -> list:
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
 class Pool:
     def __init__(self):
         self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="e2e-job")
@@ -207,9 +194,9 @@ class Pool:
         except Exception as exc:  # the launcher could not even start
             return Result(name, -1, time.monotonic() - t0, [], repr(exc), cmd)
         texts = [res["output"]]
-        records = _json_lines(res["output"]) if job.layout.batch is not None else []
+        records = harness.json_lines(res["output"]) if job.layout.batch is not None else []
         for fname, (out, err) in sorted(res["files"].items()):
-            records.extend(_json_lines(out))
+            records.extend(harness.json_lines(out))
             texts.append(f"--- rank file {fname} stdout:\n{out[-4000:]}\n--- stderr:\n{err[-4000:]}")
         # Every process's end counts: one that died of a fatal signal after its output (an
         # abort at exit; Lightning's workers, which the launcher never sees) fails the job.
@@ -230,7 +217,7 @@ class Pool:
             rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired as exc:
             rc, out, err = 124, "", f"python-side timeout: {exc}"
-        return Result(name, rc, time.monotonic() - t0, _json_lines(out),
+        return Result(name, rc, time.monotonic() - t0, harness.json_lines(out),
                       f"--- stdout:\n{out[-4000:]}\n--- stderr:\n{err[-6000:]}", argv)
 
     def result(self, name: str, timeout: float = 900) -> Result:

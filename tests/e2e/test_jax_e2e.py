@@ -36,7 +36,7 @@ import pytest
 
 import harness
 from harness import Layout
-from launch_pool import Job, Result, _json_lines, interpreter, jobs, local, openmpi4_nodes, single, srun_nodes  # noqa: F401
+from launch_pool import Job, Result, interpreter, jobs, local, openmpi4_nodes, single, srun_nodes  # noqa: F401
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
 
@@ -329,7 +329,7 @@ def _pods(envs: "list[dict]", name: str, script: str = "plain_jax.py", args=()) 
             out, err = p.communicate()
         rc = rc or p.returncode
         outs.append((out, err))
-    records = [r for out, _ in outs for r in _json_lines(out)]
+    records = [r for out, _ in outs for r in harness.json_lines(out)]
     text = "\n".join(f"--- pod {i}:\n{o[-2000:]}\n{e[-4000:]}" for i, (o, e) in enumerate(outs))
     return Result(name, rc, time.monotonic() - t0, records, text, argv)
 

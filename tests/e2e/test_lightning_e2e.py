@@ -26,7 +26,7 @@ import subprocess
 import pytest
 
 import harness
-from launch_pool import Job, _json_lines, jobs, local, openmpi4_nodes, single  # noqa: F401  (jobs: fixture)
+from launch_pool import Job, jobs, local, openmpi4_nodes, single  # noqa: F401  (jobs: fixture)
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
 
@@ -236,7 +236,7 @@ def test_lightning_onprem_launch_two_nodes_equals_one_process(jobs):
             outs.append((p.returncode, out, err))
     for rc, out, err in outs:
         assert rc == 0, f"exit {rc}\n{out[-3000:]}\n{err[-6000:]}"
-    found = [r for r in _json_lines(outs[0][1]) if r.get("example") == "lightning_trainer"]
+    found = [r for r in harness.json_lines(outs[0][1]) if r.get("example") == "lightning_trainer"]
     assert len(found) == 1, outs[0]
     out = found[0]
     assert out["environment"] == "DistenvEnvironment" and out["strategy"] == "DDPStrategy", out

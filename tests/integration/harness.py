@@ -404,6 +404,19 @@ def _sbatch(lay: Layout, argv: "list[str]", env: dict, work: Path, timeout: floa
     return (rc if state == "COMPLETED" or rc else 1), f"job {job} {state}\n{chatter}"
 
 
+def json_lines(text: str) -> "list[dict]":
+    """Every line of `text` that is one JSON object (a probe's output between the launcher's)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
 def parse_records(text: str) -> "list[dict]":
     """Every JSON object after a DISTENV-PROBE marker (tolerates glued lines)."""
     out, dec, i = [], json.JSONDecoder(), 0

@@ -304,18 +304,6 @@ def test_intel_mpi_hydra_offers_no_pmi_port(need):
 FRAMEWORK_TIMEOUT = 900  # four framework imports on two shared cores
 
 
-def _json_lines(text: str) -> list:
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
 _cells: dict = {}
 #: The framework cells, pairwise: each framework under both PMI modes (fd, port), each Hydra
 #: (MPICH 4, MPICH 5, Intel MPI) under at least one framework. What differs by launcher and
@@ -349,13 +337,13 @@ def test_lightning_trains_like_one_process(need, launcher, mode):
         p = subprocess.run(["timeout", "-k", "5", str(FRAMEWORK_TIMEOUT), py, *args],
                            env=harness.clean_env(BASE_ENV), capture_output=True, text=True,
                            cwd="/tmp", stdin=subprocess.DEVNULL)
-        found = [r for r in _json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
+        found = [r for r in harness.json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
         assert p.returncode == 0 and len(found) == 1, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
         return found[0]
 
     ref = _cell("lightning-single", single)
     result = harness.launch(lay, [py, *args], env=BASE_ENV, timeout=FRAMEWORK_TIMEOUT, check=False)
-    found = [r for out, _ in result["files"].values() for r in _json_lines(out)
+    found = [r for out, _ in result["files"].values() for r in harness.json_lines(out)
              if r.get("example") == "lightning_trainer"]
     assert result["rc"] == 0 and len(found) == 1, harness.describe_failure(lay, result)
     out = found[0]

@@ -296,10 +296,10 @@ def test_lightning_trains_under_srun_mpi_pmix_arbitrary(need):
     timeout = 900  # five Lightning imports on two shared cores
     p = subprocess.run(["timeout", "-k", "5", str(timeout), py, *args], env=harness.clean_env(BASE_ENV),
                        capture_output=True, text=True, cwd="/tmp", stdin=subprocess.DEVNULL)
-    ref = [r for r in _json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
+    ref = [r for r in harness.json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
     assert p.returncode == 0 and len(ref) == 1, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
     result = harness.launch(lay, [py, *args], env=BASE_ENV, timeout=timeout, check=False)
-    found = [r for out, _ in result["files"].values() for r in _json_lines(out)
+    found = [r for out, _ in result["files"].values() for r in harness.json_lines(out)
              if r.get("example") == "lightning_trainer"]
     assert result["rc"] == 0 and len(found) == 1, harness.describe_failure(lay, result)
     out, ref = found[0], ref[0]
@@ -310,18 +310,6 @@ def test_lightning_trains_under_srun_mpi_pmix_arbitrary(need):
     assert len(set(out["checksums"])) == 1, f"ranks ended with different parameters: {out}"
     assert out["steps"] == ref["steps"], (out, ref)
     assert math.isclose(out["checksum"], ref["checksum"], rel_tol=1e-4, abs_tol=1e-6), (out, ref)
-
-
-def _json_lines(text: str) -> list:
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
 
 
 @pytest.mark.parametrize("name", ["openmpi4-mpmd-rank0-node2", "openmpi5-hosts-rank0-node2"])
