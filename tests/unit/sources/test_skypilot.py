@@ -1,49 +1,21 @@
 """The resolver on SkyPilot tasks (src/distenv/sources/skypilot.py), written from SkyPilot's
 source and documentation (tests/fixtures/platforms/skypilot_*.json).
 
-Before this source, a node of a 2-node SkyPilot task resolved as launcher "none", one node,
-master 127.0.0.1: `distenv run` on every node started one-node jobs that trained alone.
+What dstack and SkyPilot share (the documented cases, the master, torchrun's plan, hand-set
+variables that contradict) is tested once for both in test_node_list_platforms.py.
 """
 
 import pytest
 
 from distenv import DistEnvError, resolve, run
-from envs import documented, platform, platform_case, torchrun
+from envs import platform, torchrun
 
 NODE0, NODE1 = platform("skypilot_2x4_node0"), platform("skypilot_2x4_node1")
 IPS = NODE0["SKYPILOT_NODE_IPS"].split("\n")
 
 
-@pytest.mark.parametrize("name", documented("skypilot"))
-def test_documented_platform_environment(name, check_documented):
-    check_documented(name)
-
-
-@pytest.mark.parametrize("name", documented("skypilot"))
-def test_distenv_show_json_gives_the_node_rank_count_and_master(name, show_json):
-    case = platform_case(name)
-    got = show_json(case["env"])
-    want = case["expected"]
-    assert (got["launcher"], got["node_rank"], got["num_nodes"], got["master_addr"]) == (
-        "skypilot", want["node_rank"], 2, IPS[0])
-
-
-def test_both_nodes_agree_on_the_master_and_port_and_another_task_differs(no_gpus):
-    a, b = resolve(NODE0), resolve(NODE1)
-    assert (a.master_addr, a.master_port, a.job_id) == (b.master_addr, b.master_port, b.job_id)
-    assert a.hosts == b.hosts == tuple(IPS) and (a.node_rank, b.node_rank) == (0, 1)
-    other = resolve(dict(NODE1, SKYPILOT_TASK_ID="sky-2026-08-20-10-00-00-000001_other_4"))
-    assert other.master_port != a.master_port
-
-
-def test_run_plans_torchrun_with_the_node_and_one_worker_per_reserved_gpu(no_gpus, monkeypatch):
+def test_run_counts_the_reserved_gpus(no_gpus, monkeypatch):
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
-    p = run.plan(["python", "main.py"], NODE1)
-    assert p.mode == "torchrun"
-    opts = dict(zip(p.argv[4:-3:2], p.argv[5:-3:2]))
-    assert (opts["--nnodes"], opts["--node-rank"], opts["--nproc-per-node"],
-            opts["--master-addr"]) == ("2", "1", "4", IPS[0])
-    assert p.argv[-2:] == ["python", "main.py"]
     # --nproc-per-node gpu counts the GPUs Ray gave the run commands (CUDA_VISIBLE_DEVICES):
     # the task's reserved GPUs, as SKYPILOT_NUM_GPUS_PER_NODE says.
     p = run.plan(["--nproc-per-node", "gpu", "python", "main.py"], NODE1)
@@ -52,11 +24,6 @@ def test_run_plans_torchrun_with_the_node_and_one_worker_per_reserved_gpu(no_gpu
     p = run.plan(["--nproc-per-node", "2", "python", "main.py"], NODE1)
     assert dict(zip(p.argv[4:-3:2], p.argv[5:-3:2]))["--nproc-per-node"] == "2"
     assert p.env.world_size == 4
-
-
-def test_a_cpu_task_runs_one_worker_per_node_without_a_gpu(no_gpus):
-    env = resolve(dict(NODE1, SKYPILOT_NUM_GPUS_PER_NODE="0", CUDA_VISIBLE_DEVICES=""))
-    assert (env.launch, env.rank, env.world_size, env.node_rank) == ("per-process", 1, 2, 1)
 
 
 def test_the_node_count_is_the_address_lines_without_skypilot_num_nodes(no_gpus):
@@ -94,22 +61,12 @@ def test_more_addresses_than_nodes_leave_the_master_unknown_with_a_note(no_gpus)
 
 
 # -- contradictions with variables set by hand -------------------------------------------------
-def test_a_hand_set_master_addr_naming_another_node_is_an_error(no_gpus):
-    with pytest.raises(DistEnvError, match=r"MASTER_ADDR='172.31.7.150' is node 1's address in "
-                                           r"SKYPILOT_NODE_IPS.*Fix: unset MASTER_ADDR"):
-        resolve(dict(NODE1, MASTER_ADDR=IPS[1]))
-    assert resolve(dict(NODE1, MASTER_ADDR=IPS[0])).master_addr == IPS[0]
+def test_a_hand_set_master_addr_the_list_does_not_hold_is_used_with_a_note(no_gpus):
     # A name the list does not hold (node 0's host name, another interface) cannot be checked:
     # the user's value is used, and the note says instead of what.
     named = resolve(dict(NODE1, MASTER_ADDR="head-node"))
     assert named.master_addr == "head-node"
     assert any("is used instead of 172.31.11.42" in n for n in named.notes)
-
-
-def test_a_hand_set_node_rank_that_contradicts_is_an_error(no_gpus):
-    assert resolve(dict(NODE1, NODE_RANK="1")).node_rank == 1
-    with pytest.raises(DistEnvError, match="NODE_RANK=0 contradicts SKYPILOT_NODE_RANK=1"):
-        resolve(dict(NODE1, NODE_RANK="0"))
 
 
 def test_a_hand_set_world_size_of_nodes_contradicts_the_workers(no_gpus):
