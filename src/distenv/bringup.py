@@ -153,7 +153,7 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     if environ is None and unknown():  # a misspelled DISTENV_* name: one warning, from rank 0
         from .log import warn_unknown_knobs
 
-        warn_unknown_knobs(rank=env.rank if env.launch != PER_NODE else env.node_rank)
+        warn_unknown_knobs(rank=env.process_index)
     if per_node == REFUSE and env.launch == PER_NODE:
         raise DistEnvError(per_node_message(env, framework))
     if environ is None if complete is None else complete:
@@ -185,7 +185,7 @@ def port_is_free(env: DistEnv) -> None:
     or the launcher gave is theirs (torchrun's agent holds its own), and once torch's process
     group is up the port is rightly taken."""
     port = env.master_port
-    first = env.node_rank == 0 if env.launch == PER_NODE else env.rank == 0
+    first = env.is_main
     if not env.is_distributed or not first or port is None or port in _checked \
             or kind_of(env.provenance.get("master_port")) not in (DERIVED, DEFAULT):
         return

@@ -185,11 +185,15 @@ class DistEnv:
         return self.launch == PER_NODE or self.world_size != 1
 
     @property
+    def process_index(self) -> "int | None":
+        """This process among those the launcher started: its node rank in a per-node launch
+        (one process per node), else its rank; None when unknown."""
+        return self.node_rank if self.launch == PER_NODE else self.rank
+
+    @property
     def is_main(self) -> bool:
         """True on global rank 0 (on node 0 for a per-node launch)."""
-        if self.launch == PER_NODE:
-            return self.node_rank == 0
-        return self.rank == 0
+        return self.process_index == 0
 
     def replace(self, **changes: Any) -> "DistEnv":
         """A copy with some fields changed (provenance says 'replaced')."""

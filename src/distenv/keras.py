@@ -39,7 +39,7 @@ import shutil
 import sys
 import tempfile
 
-from .description import PER_NODE, DistEnv
+from .description import DistEnv
 from .errors import DistEnvError, install_excepthook
 from .sources import family
 
@@ -87,7 +87,7 @@ def worker_index(env: "DistEnv | Mapping[str, str] | None" = None) -> int:
         if index is not None:
             return index
     d = _resolve(env)
-    value = d.node_rank if d.launch == PER_NODE else d.rank
+    value = d.process_index
     return 0 if value is None else value
 
 

@@ -129,8 +129,7 @@ def collect(env: "DistEnv", timeout: "float | None" = None) -> "DistEnv":
 def prints(env: "DistEnv") -> bool:
     """Does this process print the map? Rank 0 (node 0 in a per-node launch); a process whose
     place is unknown prints too (never hidden on a guess)."""
-    index = env.node_rank if env.launch == PER_NODE else env.rank
-    return index is None or index == 0
+    return env.process_index in (None, 0)
 
 
 # -- building (pure) ------------------------------------------------------------------------

@@ -80,3 +80,17 @@ def test_import_distenv_does_not_load_the_narrowing_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin"}).stdout.strip()
     assert out == "False"
+
+
+def test_process_index_is_the_node_rank_of_a_per_node_launch_else_the_rank(no_gpus):
+    """One rule for "which process of the launch am I" (the map, Keras' worker index,
+    TensorFlow's task index and the bring-up used five copies of it)."""
+    per_process = distenv.resolve(OMPI_4_ON_2_NODES)
+    assert (per_process.process_index, per_process.is_main) == (3, False)
+    per_node = distenv.resolve({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
+                                "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "2",
+                                "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "n[1-2]",
+                                "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "DISTENV_NPROC_PER_NODE": "4"})
+    assert per_node.launch == "per-node" and per_node.rank is None
+    assert (per_node.process_index, per_node.is_main) == (1, False)
+    assert distenv.resolve({}).process_index == 0

@@ -157,7 +157,7 @@ def _assemble(d: DistEnv, src: "Mapping[str, str]", hosts: "Sequence[str]", base
         seen[host] = slot[-1] + 1
     base = knobs.side_port(d, "tf", src, knobs.TF_PORT, base_port, width=max(seen.values()))
     workers = [knobs.address(h, base + k) for h, k in zip(hosts, slot)]
-    index = d.node_rank if d.launch == PER_NODE else d.rank
+    index = d.process_index
     if index is None:
         raise DistEnvError(_missing(d, "this process's node index"))
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
