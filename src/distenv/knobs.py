@@ -437,19 +437,16 @@ def gather(environ: "Mapping[str, str] | None" = None) -> "str | None":
     return method
 
 
-def debug_asked(environ: "Mapping[str, str] | None" = None) -> bool:
-    """DISTENV_LOG_LEVEL=debug. A value its parser refuses asks for nothing here (the logger
-    then keeps INFO, and `distenv doctor` reports the value as an error)."""
-    try:
-        return bool(LOG_LEVEL.value(environ) == "debug")
-    except DistEnvError:
-        return False
-
-
 def log_level(environ: "Mapping[str, str] | None" = None) -> str:
-    """DISTENV_LOG_LEVEL's level ('info' when unset or refused, as `debug_asked`)."""
+    """DISTENV_LOG_LEVEL's level; 'info' when unset, and when its parser refuses the value (the
+    logger then keeps INFO, and `distenv doctor` reports the value as an error)."""
     try:
         level: str = LOG_LEVEL.value(environ)
     except DistEnvError:
         return str(LOG_LEVEL.default)
     return level
+
+
+def debug_asked(environ: "Mapping[str, str] | None" = None) -> bool:
+    """DISTENV_LOG_LEVEL=debug (see `log_level`)."""
+    return log_level(environ) == "debug"

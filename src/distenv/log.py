@@ -26,10 +26,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from .knobs import LOG_LEVEL, log_level, unknown, unknown_message
+from .knobs import log_level, unknown, unknown_message
 
 ROOT = "distenv"
-LEVEL_VAR = LOG_LEVEL
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
