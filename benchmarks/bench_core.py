@@ -94,7 +94,7 @@ def in_process() -> "dict[str, tuple[float, float]]":
 
 
 def hostlist_10k() -> "tuple[float, float | None]":
-    from distenv.hostlist import expand_hostlist
+    from distenv.core.hostlist import expand_hostlist
 
     text = "node[00001-10000]"
     ours = min(timeit.repeat(lambda: expand_hostlist(text), number=20, repeat=5)) / 20 * 1e3

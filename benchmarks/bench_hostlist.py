@@ -1,4 +1,4 @@
-"""Time distenv.hostlist.expand_hostlist against python-hostlist.
+"""Time distenv.core.hostlist.expand_hostlist against python-hostlist.
 
     python benchmarks/bench_hostlist.py [--out DIR] [--repeat N] [--check]
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
-    from distenv.hostlist import expand_hostlist
+    from distenv.core.hostlist import expand_hostlist
 except ImportError:  # a checkout without the package installed
     sys.path.insert(0, str(ROOT / "src"))
-    from distenv.hostlist import expand_hostlist
+    from distenv.core.hostlist import expand_hostlist
 
 try:
     import hostlist as python_hostlist

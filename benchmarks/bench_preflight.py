@@ -4,13 +4,13 @@
                                                    [--store-peers 4000] [--timeout 10]
                                                    [--procs 8] [--json]
 
-Every simulated process runs distenv's own code (`distenv.preflight.meet` for the star that
+Every simulated process runs distenv's own code (`distenv.bringup.preflight.meet` for the star that
 torch's neighbours JAX and Horovod use, `distenv.tensorflow.rendezvous` for TensorFlow's
-workers, `distenv.preflight.meet_on` over a real torch TCPStore for torch), as threads spread
+workers, `distenv.bringup.preflight.meet_on` over a real torch TCPStore for torch), as threads spread
 over --procs processes; process 0 runs alone in its own process. Each process starts with
 RLIMIT_NOFILE at 1024: soft and hard for the star and TensorFlow (nothing can raise it: process
 0 must hold no socket per peer), soft only for torch's store (its host holds one connection
-per rank, as the process group needs anyway: `distenv.preflight.descriptors` raises the soft
+per rank, as the process group needs anyway: `distenv.bringup.preflight.descriptors` raises the soft
 limit to the machine's hard one). Requests are counted per simulated process: every
 connection it opens to process 0 (the star), every store call (torch).
 
@@ -19,7 +19,7 @@ Scenarios, each measured in this one run:
 * meet: every process present; process 0 starts with the others. The time process 0's
   meeting took, and until the last process had its answer.
 * late: process 0 starts --late seconds after the others, which knock meanwhile (backing off
-  with jitter up to `distenv.preflight.pace`): the time process 0 then needs to meet them all.
+  with jitter up to `distenv.bringup.preflight.pace`): the time process 0 then needs to meet them all.
 * missing: the last process never starts; --timeout seconds. When process 0 names it, when the
   last of the others does (each reads process 0's one answer), and requests per process.
 
@@ -59,8 +59,8 @@ def _limit(soft: int, hard: int) -> None:
 
 
 def _counted() -> "threading.local":
-    """Count, per thread, the connections the star's clients open (distenv.preflight._ask)."""
-    from distenv import preflight
+    """Count, per thread, the connections the star's clients open (distenv.bringup.preflight._ask)."""
+    from distenv.bringup import preflight
 
     local = threading.local()
     real = preflight._ask
@@ -145,7 +145,7 @@ _MEMORY = MemoryStore()
 
 def _one(kind: str, size: int, index: int, port: int, timeout: float, local, t0: float,
          tf_base: int = 0) -> dict:
-    from distenv import preflight
+    from distenv.bringup import preflight
     from distenv.errors import DistEnvError
 
     out: dict = {"index": index}
@@ -244,7 +244,7 @@ def role(args: argparse.Namespace) -> None:
 def _free_block(size: int) -> int:
     """The first of `size` consecutive ports, all free here, in distenv's derived range: the
     simulated TensorFlow workers' own ports."""
-    from distenv.ports import BASE, SPAN, bindable
+    from distenv.core.ports import BASE, SPAN, bindable
 
     base = BASE
     while base + size <= BASE + SPAN:
@@ -328,7 +328,7 @@ def scenario(kind: str, size: int, procs: int, timeout: float, late: float = 0.0
 
 def star_bound(size: int, timeout: float) -> int:
     """The most requests one star client makes in a wait of `timeout` (module doc)."""
-    from distenv import preflight
+    from distenv.bringup import preflight
 
     cap = preflight.pace(size)
     grace = 1.5 * cap + 5.0
@@ -385,7 +385,7 @@ def _figures(name: str, kind: str, size: int, r: dict, timeout: float, missing: 
 
 
 def _pace(size: int) -> float:
-    from distenv import preflight
+    from distenv.bringup import preflight
 
     return preflight.pace(size)
 

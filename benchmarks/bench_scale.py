@@ -84,7 +84,7 @@ def placement(ranks: int) -> None:
     from distenv import resolve
     from distenv.discovery.apply import from_hostnames
     from distenv.nodemap import build
-    from distenv.placement import parse_hostfile
+    from distenv.core.placement import parse_hostfile
 
     print(f"placement, {ranks} ranks on {ranks // PER_NODE} fully qualified hosts")
     for layout in ("block", "cyclic"):

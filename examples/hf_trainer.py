@@ -143,7 +143,7 @@ def main() -> int:
         # worker thread may free the last collective's tensors after Python began finalizing,
         # and the process aborts (SIGABRT, exit 134) after a correct run (pytorch/pytorch#190489).
         # Under distenv.transformers.patch() this call first waits for gloo's threads to be idle:
-        # otherwise freeing the Trainer's DDP model after it can deadlock on them (distenv._teardown).
+        # otherwise freeing the Trainer's DDP model after it can deadlock on them (distenv.bringup.teardown).
         torch.distributed.destroy_process_group()
     return 0
 

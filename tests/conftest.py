@@ -12,23 +12,23 @@ if SRC not in sys.path:
 @pytest.fixture
 def no_gpus(monkeypatch, tmp_path):
     """Make GPU discovery see an empty driver directory."""
-    import distenv.gpus
+    import distenv.core.gpus
 
-    monkeypatch.setattr(distenv.gpus, "NVIDIA_DIR", str(tmp_path / "no-such-dir"))
+    monkeypatch.setattr(distenv.core.gpus, "NVIDIA_DIR", str(tmp_path / "no-such-dir"))
     return tmp_path
 
 
 @pytest.fixture
 def fake_gpus(monkeypatch, tmp_path):
     """fake_gpus(n): the driver lists n GPUs (through a directory the test controls)."""
-    import distenv.gpus
+    import distenv.core.gpus
 
     def make(n):
         d = tmp_path / "nvidia-gpus"
         d.mkdir(exist_ok=True)
         for i in range(n):
             (d / f"0000:{i:02x}:00.0").mkdir()
-        monkeypatch.setattr(distenv.gpus, "NVIDIA_DIR", str(d))
+        monkeypatch.setattr(distenv.core.gpus, "NVIDIA_DIR", str(d))
 
     return make
 
@@ -36,12 +36,12 @@ def fake_gpus(monkeypatch, tmp_path):
 @pytest.fixture(scope="session")
 def no_gpus_session(tmp_path_factory):
     """Session-wide: GPU discovery sees no driver (for hypothesis tests)."""
-    import distenv.gpus
+    import distenv.core.gpus
 
-    old = distenv.gpus.NVIDIA_DIR
-    distenv.gpus.NVIDIA_DIR = str(tmp_path_factory.mktemp("gpus") / "none")
+    old = distenv.core.gpus.NVIDIA_DIR
+    distenv.core.gpus.NVIDIA_DIR = str(tmp_path_factory.mktemp("gpus") / "none")
     yield
-    distenv.gpus.NVIDIA_DIR = old
+    distenv.core.gpus.NVIDIA_DIR = old
 
 
 # -- tests/e2e: frameworks under real launchers ------------------------------------------------

@@ -12,9 +12,9 @@ The core is standard library only and imports no framework; adapters
 
 from __future__ import annotations
 
-from .description import FIELDS, PER_NODE, PER_PROCESS, DistEnv
+from .core.description import FIELDS, PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError
-from .resolver import resolve
+from .core.resolver import resolve
 
 __version__ = "0.1.0"
 

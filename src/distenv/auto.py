@@ -26,8 +26,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ._teardown import WrappingLoader, spec_from_others
-from .description import PER_NODE
+from .bringup.teardown import WrappingLoader, spec_from_others
+from .core.description import PER_NODE
 from . import knobs
 from .errors import install_excepthook
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from .description import DistEnv
+    from .core.description import DistEnv
 
 #: top-level module -> (adapter module, function) called right after that module is imported.
 #: One adapter function runs once, whichever of its frameworks comes first.
@@ -90,7 +90,7 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     # variables left unknown (MPICH across nodes, or a command `distenv run` exec'ed after
     # asking) and export torch's variables where the launch's source lets torch act (a TPU
     # pod's hosts are not torch-xla's ranks, Source.adapters); whoever starts the process group
-    # (the script, Accelerate, Lightning), it ends in order at exit (distenv._teardown).
+    # (the script, Accelerate, Lightning), it ends in order at exit (distenv.bringup.teardown).
     found = bring_up("auto", environ=environ, target=target, per_node=ALLOW, export=ZERO_CODE,
                      teardown=DISTRIBUTED)
     if not found.is_distributed:
@@ -190,7 +190,7 @@ def _before_init(original: "Any", args: "tuple[Any, ...]", kwargs: "dict[str, An
             f"them, and DISTENV_AUTO cannot prove this is a single process: {why_not}. Fix: start "
             "the processes with a launcher (torchrun, mpirun, srun, distenv run --nproc-per-node "
             "N), or pass rank= and world_size= (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
-    from .export import variables
+    from .core.export import variables
 
     written = []
     for name, value in variables(single).items():

@@ -28,12 +28,12 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
     from typing import Any
 
-    from .description import DistEnv
+    from .core.description import DistEnv
 
 
 def _show(args: argparse.Namespace) -> int:
     from . import display
-    from .resolver import resolve
+    from .core.resolver import resolve
 
     env = resolve()
     if getattr(args, "map", False):
@@ -41,7 +41,7 @@ def _show(args: argparse.Namespace) -> int:
     declined: "list[str]" = []
     if getattr(args, "discover", False):  # collective: before any rank decides not to print
         from .bringup import completed
-        from .description import DECLINED
+        from .core.description import DECLINED
 
         env = completed(env, nodes=True)
         declined = [n for n in env.notes if getattr(n, "kind", None) == DECLINED]
@@ -105,7 +105,7 @@ def _map(args: argparse.Namespace, env: DistEnv) -> int:
 
 def summary(env: DistEnv) -> str:
     """One line: where this process stands, what launched it, where rank 0 listens."""
-    from .description import PER_NODE
+    from .core.description import PER_NODE
 
     def of(a: object, b: object) -> str:
         return f"{'?' if a is None else a}/{'?' if b is None else b}"
@@ -136,8 +136,8 @@ def _strings(env: DistEnv) -> "Iterator[str | None]":
 
 
 def _redacted(env: DistEnv) -> DistEnv:
-    from .description import FIELDS, DistEnv
-    from .redact import redact_text
+    from .core.description import FIELDS, DistEnv
+    from .core.redact import redact_text
 
     def clean(value: object) -> object:
         if isinstance(value, str):
@@ -153,7 +153,7 @@ def _redacted(env: DistEnv) -> DistEnv:
 
 def _shortened(env: DistEnv) -> DistEnv:
     """`env` with long strings cut (display.shorten), for the table and --explain."""
-    from .description import FIELDS, DistEnv
+    from .core.description import FIELDS, DistEnv
     from .display import shorten
 
     values = {f: getattr(env, f) for f in FIELDS}
@@ -165,8 +165,8 @@ def _shortened(env: DistEnv) -> DistEnv:
 def _export(args: argparse.Namespace) -> int:
     import shlex
 
-    from .export import export
-    from .resolver import resolve
+    from .core.export import export
+    from .core.resolver import resolve
 
     env = resolve()
     scratch: "dict[str, str]" = {}

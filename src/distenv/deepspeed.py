@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from .description import DistEnv
+from .core.description import DistEnv
 from .errors import DistEnvError, install_excepthook
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
@@ -49,7 +49,7 @@ def prepare(environ: "MutableMapping[str, str] | None" = None, *, overwrite: boo
 
     target = os.environ if environ is None else environ
     # DeepSpeed never ends its process group, and its engine holds it to the end: bring_up
-    # registers an orderly end at exit in a distributed launch (distenv._teardown).
+    # registers an orderly end at exit in a distributed launch (distenv.bringup.teardown).
     env = bring_up("deepspeed", environ=environ, overrides=overrides, target=target,
                    overwrite=overwrite, teardown=DISTRIBUTED)
     missing = [name for name in REQUIRED if not target.get(name)]
@@ -132,7 +132,7 @@ def check_batch_size(config: "dict[str, Any] | str | os.PathLike[str]", world_si
         settings = config
     dp = data_parallel_size if data_parallel_size is not None else world_size
     if dp is None:
-        from .resolver import resolve
+        from .core.resolver import resolve
 
         dp = resolve().world_size
         if dp is None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from .description import DistEnv
+    from .core.description import DistEnv
 
 #: Longest value shown whole; longer ones keep their first `KEEP` characters.
 MAX_VALUE = 200
@@ -59,7 +59,7 @@ def hosts_text(hosts: "Iterable[str]") -> str:
 def rank_label(env: "DistEnv | None") -> str:
     """``rank 3`` (``node 1`` for the process of a per-node launch); the host and process
     id when the description has neither (an unknown rank is never guessed)."""
-    from .description import PER_NODE as LAUNCH_PER_NODE
+    from .core.description import PER_NODE as LAUNCH_PER_NODE
 
     if env is not None and env.launch != LAUNCH_PER_NODE and env.rank is not None:
         return f"rank {env.rank}"
@@ -166,7 +166,7 @@ def chosen(env: "DistEnv | None", ranks: "frozenset[int] | str | None") -> bool:
     """Does this process print under `ranks` (from `parse_ranks`)? A process whose place
     is unknown prints (never hidden on a guess). In a per-node launch the numbers are node
     ranks: its processes are the nodes."""
-    from .description import PER_NODE as LAUNCH_PER_NODE
+    from .core.description import PER_NODE as LAUNCH_PER_NODE
 
     if ranks is None or env is None:
         return True

@@ -7,8 +7,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 # The class lives in the floor module (see there why); this is its public home.
-from ._error import MAX_MESSAGE as MAX_MESSAGE, DistEnvError as DistEnvError
-from ._error import split_fix as split_fix
+from .core._error import MAX_MESSAGE as MAX_MESSAGE, DistEnvError as DistEnvError
+from .core._error import split_fix as split_fix
 
 #: Exit status of a process ended by an uncaught DistEnvError (as `distenv`'s own errors).
 EXIT_STATUS = 2
@@ -16,7 +16,7 @@ EXIT_STATUS = 2
 
 def error_line(exc: BaseException) -> str:
     """``distenv: error: <message>``: one line, whitespace folded, secrets redacted."""
-    from .redact import redact_text  # lazy: only on the error path
+    from .core.redact import redact_text  # lazy: only on the error path
 
     return f"distenv: error: {redact_text(' '.join(str(exc).split()))}"
 

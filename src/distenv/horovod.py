@@ -15,7 +15,7 @@ rank: each process trains alone and all exit 0. `init()`:
    address, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). Override with
    ``controller=`` or DISTENV_HOROVOD_CONTROLLER=mpi|gloo;
 3. in the self-rendezvous, meets every rank at rank 0 (the core's one pre-flight,
-   `distenv.preflight.meet`, after rank 0's server is up) before Horovod's own silent wait:
+   `distenv.bringup.preflight.meet`, after rank 0's server is up) before Horovod's own silent wait:
    a rank that never comes is named in one line on every rank that did, a rank 0 that never
    answers is named with its address, after DISTENV_TIMEOUT seconds (default 180);
 4. calls `hvd.init()` and checks `hvd.size()` and `hvd.rank()` against the launch: a
@@ -31,11 +31,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from . import knobs, preflight
+from . import knobs
+from .bringup import preflight
 from .bringup import NEVER, bring_up, per_node_message
-from .description import PER_NODE, DistEnv
+from .core.description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
-from .resolver import resolved
+from .core.resolver import resolved
 from .sources import source_of
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
@@ -151,7 +152,7 @@ def _start_server(port: int, d: DistEnv) -> Any:
 def meeting(d: DistEnv, host: str, timeout: float, port: "int | None" = None) -> preflight.Meeting:
     """The self-rendezvous's pre-flight: every rank meets rank 0 at `host` (the master
     address, where rank 0's Gloo rendezvous server runs) on the pre-flight's port
-    (`distenv.preflight.port`, unless `port`)."""
+    (`distenv.bringup.preflight.port`, unless `port`)."""
     assert d.world_size is not None and d.rank is not None  # plan() checked
     return preflight.Meeting(
         size=d.world_size, index=d.rank, host=host,

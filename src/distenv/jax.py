@@ -16,7 +16,7 @@ MPI, torchrun, Azure ML, SageMaker, GCP/Vertex and Kubeflow per-node launches or
    port from the core's rule (`coordinator_port`: never the master port, which torchrun's agent
    holds);
 3. binds local devices: per-process, one GPU per process (the local rank's, by the core's
-   policy `distenv.gpus.share`, which torch's device follows too), with CUDA_VISIBLE_DEVICES
+   policy `distenv.core.gpus.share`, which torch's device follows too), with CUDA_VISIBLE_DEVICES
    narrowed to it (unless torch is imported here: CUDA may be initialised already, so JAX's
    `local_device_ids` alone selects it); per-node, every visible GPU -- or, on a CPU-only node
    with several workers per node (DISTENV_NPROC_PER_NODE), that many XLA CPU devices;
@@ -40,10 +40,11 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 
-from . import gpus, knobs
-from .description import PER_NODE, DistEnv
+from .core import gpus
+from . import knobs
+from .core.description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
-from .resolver import resolved
+from .core.resolver import resolved
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
 
@@ -59,7 +60,7 @@ def _log() -> "Logger":
     return get_logger(__name__)
 
 #: Written beside CUDA_VISIBLE_DEVICES when distenv narrowed it: a second look must not narrow
-#: the slice again (the core's marker, `distenv.gpus`, which distenv.tensorflow writes too).
+#: the slice again (the core's marker, `distenv.core.gpus`, which distenv.tensorflow writes too).
 GPU_SLICE_VAR = gpus.GPU_SLICE_VAR
 #: JAX's own defaults, kept when DISTENV_TIMEOUT is longer (jax/_src/distributed.py).
 JAX_HEARTBEAT_TIMEOUT = 100
@@ -135,7 +136,7 @@ def coordinator_port(d: DistEnv, environ: "Mapping[str, str] | None" = None,
 
     `port`, else JAX_COORDINATOR_PORT (JAX's own variable), else DISTENV_KERAS_PORT, else the
     core's side port for "jax" (`distenv.knobs.side_port`: derived from the job's launcher, id,
-    master address and port by `distenv.ports`, the same on every process, different across
+    master address and port by `distenv.core.ports`, the same on every process, different across
     concurrent jobs, never the master port, which torchrun's agent store holds).
     """
     src = os.environ if environ is None else environ
@@ -145,14 +146,14 @@ def coordinator_port(d: DistEnv, environ: "Mapping[str, str] | None" = None,
         if src.get(var):
             return knobs.side_port(d, "jax", src, var=var), f"{var}={src[var]}"
     return knobs.side_port(d, "jax", src), (
-        "derived from the job by distenv.knobs.side_port (distenv.ports), not the master port")
+        "derived from the job by distenv.knobs.side_port (distenv.core.ports), not the master port")
 
 
 def device_plan(d: DistEnv, environ: "Mapping[str, str] | None" = None,
                 torch_imported: "bool | None" = None) -> Devices:
     """How this process binds its devices, without JAX (`Devices`). Which GPUs: the core's
-    policy (`distenv.gpus.share`); how JAX is told: here."""
-    from .gpus import CROWDED, GIVEN, NODE, NONE, UNKNOWN, share, unknown_error
+    policy (`distenv.core.gpus.share`); how JAX is told: here."""
+    from .core.gpus import CROWDED, GIVEN, NODE, NONE, UNKNOWN, share, unknown_error
 
     src = os.environ if environ is None else environ
     if torch_imported is None:
@@ -279,12 +280,12 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
 def preflight(address: str, num_processes: int, process_id: int, timeout: float,
               what: str = "", job: str = "") -> float:
     """Every process meets process 0 at `address` (``host:port``: process 0's host and the
-    pre-flight's port, `distenv.preflight.port`), before JAX's coordinator starts: the core's
-    one pre-flight (`distenv.preflight.meet`). A process that never comes within `timeout` is
+    pre-flight's port, `distenv.bringup.preflight.port`), before JAX's coordinator starts: the core's
+    one pre-flight (`distenv.bringup.preflight.meet`). A process that never comes within `timeout` is
     named in a `DistEnvError` on every process that came; a process that cannot reach process 0
     names the address. Returns the seconds it took. `what` says where the address came from;
-    `job` is the job's identity (`distenv.preflight.identity`)."""
-    from . import preflight as core
+    `job` is the job's identity (`distenv.bringup.preflight.identity`)."""
+    from .bringup import preflight as core
 
     host, _, port = address.rpartition(":")
     return core.meet(core.Meeting(
@@ -340,7 +341,7 @@ def _call(original: "Any", p: Plan, extra: "dict[str, Any]", preflight_on: bool 
     n, index, address = p.num_processes, p.process_id, p.coordinator_address
     assert n is not None and index is not None and address is not None  # a plan of distenv's own
     if preflight_on and n > 1:
-        from . import preflight as core
+        from .bringup import preflight as core
 
         host = address.rpartition(":")[0].strip("[]")
         met = knobs.address(host, core.port(p.env, host))

@@ -39,7 +39,7 @@ import shutil
 import sys
 import tempfile
 
-from .description import DistEnv
+from .core.description import DistEnv
 from .errors import DistEnvError, install_excepthook
 from .sources import family
 
@@ -57,7 +57,7 @@ PATH_ATTRS = {"ModelCheckpoint": "filepath", "TensorBoard": "log_dir", "CSVLogge
 def _resolve(env: "DistEnv | Mapping[str, str] | None") -> DistEnv:
     if isinstance(env, DistEnv):
         return env
-    from .resolver import resolve
+    from .core.resolver import resolve
 
     return resolve(env)
 

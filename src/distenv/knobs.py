@@ -16,12 +16,12 @@ The shared knobs:
 * `timeout()`: seconds a rendezvous waits for every rank (DISTENV_TIMEOUT, default 180).
 * `side_port()`: a port beside the master port for a framework's own service (TensorFlow's
   workers, Horovod's rendezvous server, Keras/JAX's coordinator): the user's DISTENV_<X>_PORT,
-  else derived from the job like the master port (`distenv.ports`), so every rank computes the
+  else derived from the job like the master port (`distenv.core.ports`), so every rank computes the
   same one and concurrent jobs differ; never the master port itself (torchrun's store, or the
   user's, may hold it).
 * `core_share()`: how many cores this process may use for its thread pools.
 * `hostfile()`, `gather()`: where `distenv.tensorflow` may learn every rank's host
-  (DISTENV_HOSTFILE, DISTENV_GATHER), see `distenv.placement`.
+  (DISTENV_HOSTFILE, DISTENV_GATHER), see `distenv.core.placement`.
 
 Standard library only; reading the CPU affinity is the only system call, and only when asked.
 """
@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import os
 
-from . import ports
-from ._error import DistEnvError
-from .reading import PORT_MAX, parse_port
+from .core import ports
+from .core._error import DistEnvError
+from .core.reading import PORT_MAX, parse_port
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any
 
-    from .description import DistEnv
+    from .core.description import DistEnv
 
 
 def _environ(environ: "Mapping[str, str] | None") -> "Mapping[str, str]":
@@ -425,7 +425,7 @@ def core_share(local_world_size: "int | None", mine: "Iterable[int] | None" = No
 
 
 def hostfile(environ: "Mapping[str, str] | None" = None) -> "str | None":
-    """DISTENV_HOSTFILE: a file naming every rank's host (see `distenv.placement`)."""
+    """DISTENV_HOSTFILE: a file naming every rank's host (see `distenv.core.placement`)."""
     path: "str | None" = HOSTFILE.value(environ)
     return path or None
 

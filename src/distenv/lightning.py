@@ -43,7 +43,7 @@ import sys
 
 from . import resolve
 from .bringup import ALLOW, ALWAYS, NEVER, bring_up
-from .description import PER_NODE, PER_PROCESS, DistEnv
+from .core.description import PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError, install_excepthook
 
 # The hand-off to the workers Lightning starts is a source (read back by resolve() in them).
@@ -383,14 +383,14 @@ class DistenvEnvironment:
 
     def __init__(self, environ: "MutableMapping[str, str] | None" = None, **overrides: Any) -> None:
         self._environ: "MutableMapping[str, str]" = os.environ if environ is None else environ
-        # The Trainer's process group ends before Python does (bring_up registers distenv._teardown).
+        # The Trainer's process group ends before Python does (bring_up registers distenv.bringup.teardown).
         self._env = _resolve(environ, overrides, teardown=ALWAYS)
         self._global_rank: "int | None" = None
         self._world_size: "int | None" = None
         self._devices: "int | None" = None  # the Trainer's devices, once validated
         if self._env.launch == PER_PROCESS and self._env.is_distributed and (
                 self._env.rank is None or self._env.world_size is None):
-            from .export import missing_message
+            from .core.export import missing_message
 
             raise DistEnvError(missing_message(self._env, [n for n, v in (
                 ("RANK", self._env.rank), ("WORLD_SIZE", self._env.world_size)) if v is None]))
@@ -438,7 +438,7 @@ class DistenvEnvironment:
     def main_address(self) -> str:
         addr = self._env.master_addr
         if addr is None:
-            from .export import missing_message
+            from .core.export import missing_message
 
             raise DistEnvError(missing_message(self._env, ["MASTER_ADDR"]))
         return addr
@@ -502,7 +502,7 @@ class DistenvEnvironment:
         # Unknown (Open MPI, MPICH across nodes): Lightning uses the node rank of externally
         # created processes only for display (ranks come from global_rank()), so the core's
         # display-only block guess will do; never written into the DistEnv.
-        from .placement import display_node_rank
+        from .core.placement import display_node_rank
 
         return display_node_rank(e)
 

@@ -103,7 +103,7 @@ def warn_unknown_knobs(environ: "Mapping[str, str] | None" = None,
         return
     _warned = True
     if rank is False:
-        from .resolver import resolve
+        from .core.resolver import resolve
 
         try:
             rank = resolve(environ).rank

@@ -12,7 +12,7 @@ rank 0 and the master -- printed once for the whole job, by rank 0.
 Where the rows come from, provable or unknown (never guessed):
 
 * the host of every rank (`DistEnv.rank_hosts`) where the environment proves it (SLURM,
-  TF_CONFIG, the platforms' lists: `distenv.placement`), else from the launcher's own service
+  TF_CONFIG, the platforms' lists: `distenv.core.placement`), else from the launcher's own service
   (`collect`: `distenv.discovery.complete`, PMIx or Hydra's PMI-1), else from DISTENV_HOSTFILE;
   nodes are numbered as `hosts` orders them, else by their lowest rank (distenv's definition);
 * one node (``num_nodes`` 1, or every rank local): all ranks on this host, no service asked;
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from .description import PER_NODE
+from .core.description import PER_NODE
 from .errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from .description import DistEnv
+    from .core.description import DistEnv
 
 #: The fix when the host of every rank is unknown.
 PLACEMENT_FIX = ("Fix: run it as every rank of a launch that offers a PMIx or PMI-1 service "
@@ -120,7 +120,7 @@ def collect(env: "DistEnv", timeout: "float | None" = None) -> "DistEnv":
 
         path = hostfile()
         if path is not None:
-            from .placement import read_hostfile, with_rank_hosts
+            from .core.placement import read_hostfile, with_rank_hosts
 
             env = with_rank_hosts(env, read_hostfile(env, path), f"DISTENV_HOSTFILE={path}")
     return env

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-from .description import DEFAULT, PER_NODE, kind_of
+from .core.description import DEFAULT, PER_NODE, kind_of
 from . import knobs
 from .errors import DistEnvError
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from .description import DistEnv
+    from .core.description import DistEnv
 
 USAGE = """\
 usage: distenv run [--nproc-per-node N|auto|gpu|cpu] [--local-rank-arg {none,underscore,hyphen}] [--] CMD ...
@@ -324,7 +324,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             "(mpirun --bind-to none, or --map-by ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
     run_id = env.job_id or f"distenv-{env.master_port}"
     from .knobs import address
-    from .resolver import host_problem
+    from .core.resolver import host_problem
 
     port = env.master_port
     assert port is not None  # the resolver always sets one (derived from the job, else 29500)

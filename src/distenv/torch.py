@@ -20,7 +20,7 @@
    user did not set OMP_NUM_THREADS, its CPU threads: the cores this process may run on,
    shared among the processes of the node unless the launcher bound each to cores of its own;
 3. chooses the backend: NCCL when a CUDA device is usable, else gloo;
-4. meets every rank on torch's own store before torch's long wait (`distenv.preflight.meet_on`,
+4. meets every rank on torch's own store before torch's long wait (`distenv.bringup.preflight.meet_on`,
    at most DISTENV_TIMEOUT seconds, default 180, never longer than `timeout`): a rank that
    never starts makes every other rank fail with one `distenv: error:` line naming it, instead
    of waiting torch's 30 minutes.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from . import knobs, resolve
 from .bringup import bring_up
 from .bringup import per_node_message as _per_node_message
-from .description import PER_NODE, DistEnv
+from .core.description import PER_NODE, DistEnv
 from .errors import DistEnvError, install_excepthook
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from . import preflight
+    from .bringup import preflight
 
 #: Seconds the rendezvous waits for every rank (override: DISTENV_TIMEOUT; see distenv.knobs).
 DEFAULT_RENDEZVOUS_TIMEOUT = knobs.DEFAULT_TIMEOUT
@@ -77,11 +77,11 @@ NO_GPU = "pass backend='gloo'"
 def choose_device(env: DistEnv, cuda_count: int, environ: "Mapping[str, str] | None" = None,
                   instead: str = NO_GPU) -> "tuple[int | None, str]":
     """(CUDA device index for this process or None for CPU, why): the core's one-device
-    policy (`distenv.gpus.one_device`); `instead` ends the Fix of its error.
+    policy (`distenv.core.gpus.one_device`); `instead` ends the Fix of its error.
 
     `cuda_count` is what torch.cuda.device_count() sees, i.e. after CUDA_VISIBLE_DEVICES.
     """
-    from .gpus import device_index
+    from .core.gpus import device_index
 
     return device_index(env, cuda_count, os.environ if environ is None else environ, instead)
 
@@ -236,11 +236,11 @@ def _listening(addr: str, port: int, wait: datetime.timedelta, start: float, siz
     connected after 0.3-0.7 s (measured, torch 2.13). Knocking with a plain socket first, the
     client connects within a few milliseconds of the store listening: pauses from 10 ms,
     growing by half, jittered, up to the pre-flight's pace for `size` ranks
-    (`distenv.preflight.pace`: about RATE knocks a second at rank 0's host, whatever the size)."""
+    (`distenv.bringup.preflight.pace`: about RATE knocks a second at rank 0's host, whatever the size)."""
     import socket
     import time
 
-    from .preflight import FIRST_PAUSE, jitter, pace
+    from .bringup.preflight import FIRST_PAUSE, jitter, pace
 
     pause, cap = FIRST_PAUSE, pace(size)
     while True:
@@ -312,7 +312,7 @@ _key = ""  # the last meeting's key: the process group's keys go under it
 def meeting(env: DistEnv, wait: datetime.timedelta, generation: int = 0) -> "preflight.Meeting":
     """The pre-flight of this launch on torch's store: every rank, at MASTER_ADDR:MASTER_PORT,
     within `wait`; its key carries the job, torchrun's restart count and the call."""
-    from . import preflight
+    from .bringup import preflight
 
     addr, port, size, rank = env.master_addr, env.master_port, env.world_size, env.rank
     assert addr is not None and port is not None and size is not None and rank is not None
@@ -330,11 +330,11 @@ def meeting(env: DistEnv, wait: datetime.timedelta, generation: int = 0) -> "pre
 
 def _rendezvous(env: DistEnv, wait: datetime.timedelta) -> Any:
     """The TCPStore every rank joins -- rank 0 hosts it, or torchrun's agent does -- and the
-    pre-flight on it (`distenv.preflight.meet_on`, at most `wait` in all): a rank that never
+    pre-flight on it (`distenv.bringup.preflight.meet_on`, at most `wait` in all): a rank that never
     comes (dead, hung, never started) is named in one line on every rank that did, also under
     torchrun, where no rank would otherwise wait less than gloo's 30-minute connection timeout.
 
-    Why the store and not the core's socket star (`distenv.preflight.meet`): under torchrun the
+    Why the store and not the core's socket star (`distenv.bringup.preflight.meet`): under torchrun the
     agent's store is the one address every rank is given, and rank 0 need not run on its host
     (c10d rendezvous), so there is no rank-0 address to dial; and every rank connects to this
     store anyway for the process group: no second port, no second listener. The meeting keeps
@@ -344,7 +344,7 @@ def _rendezvous(env: DistEnv, wait: datetime.timedelta) -> Any:
 
     from torch.distributed import TCPStore
 
-    from . import preflight
+    from .bringup import preflight
 
     global _generation, _key
     _generation += 1
@@ -374,9 +374,9 @@ def destroy_process_group() -> None:
     ``torch.distributed.destroy_process_group()``: it first waits (the GIL released) until
     torch's gloo and autograd worker threads are idle, destroys the group, and waits again.
     torch's own can hang or abort a finished job: ``~ProcessGroupGloo`` waits for a worker
-    thread that itself waits for the GIL (pytorch/pytorch#190489; see distenv._teardown).
+    thread that itself waits for the GIL (pytorch/pytorch#190489; see distenv.bringup.teardown).
     Nothing happens when no group is up."""
-    from . import _teardown
+    from .bringup import teardown as _teardown
 
     _teardown.end()
 

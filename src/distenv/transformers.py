@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .description import DistEnv
+from .core.description import DistEnv
 from .errors import DistEnvError, install_excepthook
 from .log import get_logger
 
@@ -70,7 +70,7 @@ def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrid
     from .bringup import DISTRIBUTED, bring_up
 
     # Accelerate never ends its process group: bring_up registers an orderly end at exit
-    # (distenv._teardown) in a distributed launch, where it also exports the torch variables.
+    # (distenv.bringup.teardown) in a distributed launch, where it also exports the torch variables.
     env = bring_up("transformers", overrides=overrides, export=DISTRIBUTED, overwrite=overwrite,
                    teardown=DISTRIBUTED)
     fix_local_rank_argv(env, sys.argv if argv is None else argv)
@@ -232,7 +232,7 @@ def describe(args: Any = None) -> str:
     """One line: the resolved launch and, given TrainingArguments, what the Trainer uses."""
     env = _env
     if env is None:
-        from .resolver import resolve
+        from .core.resolver import resolve
 
         env = resolve()
     text = (f"distenv: {env.launcher} launch, rank {env.rank}/{env.world_size}, local rank "

@@ -167,7 +167,7 @@ _REFERENCE: dict = {}
 EXIT_ONLY = str(SCRIPTS / "exit_handling_only.py")
 #: distenv modules that would mean the reference was resolved, exported or patched by distenv.
 PATCHING = ("distenv.auto", "distenv.torch", "distenv.lightning", "distenv.transformers",
-            "distenv.deepspeed", "distenv.export", "distenv.run")
+            "distenv.deepspeed", "distenv.core.export", "distenv.run")
 
 
 def reference(framework, py, workers, extra=()) -> dict:
@@ -177,7 +177,7 @@ def reference(framework, py, workers, extra=()) -> dict:
         argv = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
                 EXIT_ONLY, *command(framework, py, workers, 1, reference=True)[1:], *extra]
         res = parse(framework, run(argv, label=f"{framework} torchrun x{workers} (reference)"))
-        assert "distenv._teardown" in res["distenv_modules"], res["distenv_modules"]
+        assert "distenv.bringup.teardown" in res["distenv_modules"], res["distenv_modules"]
         assert not set(PATCHING) & set(res["distenv_modules"]), \
             f"the reference was patched by distenv: {res['distenv_modules']}"
         assert res["world_size"] == workers and sorted(res["ranks"]) == list(range(workers))

@@ -3,7 +3,7 @@
 The abort this guards against (issue 16): ``terminate called without an active exception``,
 SIGABRT, exit 134, at interpreter exit after a correct run. Cause, from cores: gloo's worker
 thread destroys a finished collective's tensors after Python began finalizing and dies
-taking the GIL (pytorch/pytorch#190489; see src/distenv/_teardown.py). It is a race that a
+taking the GIL (pytorch/pytorch#190489; see src/distenv/bringup/teardown.py). It is a race that a
 loaded machine loses now and then (5 of 31 runs of the Transformers script in the issue), so
 every run here goes through exit_scripts/late_workers.py, which makes torch's threads late
 on purpose: without distenv's exit handler 10 of 18 jobs aborted, on 6 of the 8 paths. The

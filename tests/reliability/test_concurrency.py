@@ -6,7 +6,7 @@ The jobs of one test are released together (a barrier), and their ranks meet bef
 rendezvous (rank_job.py, JOB_MEET_DIR): a launcher that starts its job late (torchrun under a
 full test run's load: the first job's ranks had ended before the last job's started, seen in a
 two-worker run) cannot turn the test into jobs run one after another. Their lifetimes are
-checked to overlap. Each job's master port comes from the port rule (`distenv.ports`):
+checked to overlap. Each job's master port comes from the port rule (`distenv.core.ports`):
 Open MPI's job id, the PMIx namespace, Intel MPI's UUID, SLURM's job.step; torchrun
 --standalone picks a free port and passes it as MASTER_PORT. MPICH reveals no job id: its
 ranks resolve torch's default 29500, and the adapter's bring-up takes the job's own port from

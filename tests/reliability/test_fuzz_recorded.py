@@ -37,7 +37,7 @@ import time
 import pytest
 
 from distenv import DistEnvError, resolve
-from distenv.description import FIELDS
+from distenv.core.description import FIELDS
 from distenv.sources import names as source_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,16 +104,16 @@ class _Recorder:
 
 
 def _read_by(env):
-    import distenv.gpus
+    import distenv.core.gpus
 
     rec = _Recorder(env)
-    old, distenv.gpus.NVIDIA_DIR = distenv.gpus.NVIDIA_DIR, "/nonexistent/distenv-fuzz"
+    old, distenv.core.gpus.NVIDIA_DIR = distenv.core.gpus.NVIDIA_DIR, "/nonexistent/distenv-fuzz"
     try:
         resolve(rec)
     except DistEnvError:
         pass
     finally:
-        distenv.gpus.NVIDIA_DIR = old
+        distenv.core.gpus.NVIDIA_DIR = old
     return sorted(rec.read)
 
 

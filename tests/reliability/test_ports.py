@@ -1,4 +1,4 @@
-"""The port rule (`distenv.ports`) spreads concurrent jobs over its 10000 ports.
+"""The port rule (`distenv.core.ports`) spreads concurrent jobs over its 10000 ports.
 
 Two jobs on one machine collide when their job keys give the same port. For k jobs with
 ports drawn uniformly from SPAN = 10000, the collision probability is
@@ -34,7 +34,7 @@ import uuid
 import pytest
 
 from distenv import resolve
-from distenv.ports import SPAN, port_for
+from distenv.core.ports import SPAN, port_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = int(os.environ.get("DISTENV_PORT_KEYS", "40000"))

@@ -185,7 +185,7 @@ def gpus_on_node(monkeypatch, tmp_path):
     """gpus_on_node(n): GPU discovery sees n GPUs (a fresh driver directory per call)."""
     import itertools
 
-    import distenv.gpus
+    import distenv.core.gpus
 
     counter = itertools.count()
 
@@ -194,7 +194,7 @@ def gpus_on_node(monkeypatch, tmp_path):
         d.mkdir()
         for i in range(n):
             (d / f"0000:{i:02x}:00.0").mkdir()
-        monkeypatch.setattr(distenv.gpus, "NVIDIA_DIR", str(d))
+        monkeypatch.setattr(distenv.core.gpus, "NVIDIA_DIR", str(d))
 
     return make
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from distenv import resolve
 from distenv.discovery import apinfo
 from distenv.discovery.apinfo import ApinfoError, ApinfoUnreadable
-from distenv.description import DECLINED
+from distenv.core.description import DECLINED
 from distenv.discovery import complete
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "launchers")

@@ -33,7 +33,7 @@ def asked(monkeypatch):
 
 @pytest.fixture
 def registered(monkeypatch):
-    from distenv import _teardown
+    from distenv.bringup import teardown as _teardown
 
     calls = []
     monkeypatch.setattr(_teardown, "register", lambda: calls.append(1))
@@ -165,7 +165,7 @@ def test_every_caller_goes_through_the_bring_up():
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("discovery") \
                         and any(a.name == "complete" for a in node.names):
                     callers.add(os.path.relpath(path, root))
-    assert callers == {"bringup.py", "nodemap.py"}, callers
+    assert callers == {"bringup/__init__.py", "nodemap.py"}, callers
 
 
 # -- the master port, where rank 0 can look (issue 32 item 5) ----------------------------------

@@ -5,7 +5,7 @@ import pytest
 
 import distenv
 from distenv import DistEnvError
-from distenv.checked import REQUIRED, Checked
+from distenv.core.checked import REQUIRED, Checked
 from envs import ompi
 
 OMPI_4_ON_2_NODES = ompi(3, 4, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2")
@@ -76,7 +76,7 @@ def test_required_fields_are_the_rendezvous_five():
 def test_import_distenv_does_not_load_the_narrowing_module():
     import subprocess
     import sys
-    code = "import sys, distenv; distenv.resolve({}); print('distenv.checked' in sys.modules)"
+    code = "import sys, distenv; distenv.resolve({}); print('distenv.core.checked' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin"}).stdout.strip()
     assert out == "False"

@@ -1,11 +1,12 @@
-"""The one device policy (`distenv.gpus.share`, `one_device`) the torch, JAX and TensorFlow
+"""The one device policy (`distenv.core.gpus.share`, `one_device`) the torch, JAX and TensorFlow
 adapters follow (issue 21): which visible GPUs a process takes, decided without a framework."""
 from __future__ import annotations
 
 import pytest
 
-from distenv import DistEnvError, gpus, resolve
-from distenv.description import PER_NODE
+from distenv import DistEnvError, resolve
+from distenv.core import gpus
+from distenv.core.description import PER_NODE
 
 
 def _mpi(rank, size, local=None, lsize=None, **more):

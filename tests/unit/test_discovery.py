@@ -95,12 +95,12 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
 def test_the_exchange_port_replaces_only_a_port_distenv_chose():
     """Rank 0's free port (published in the exchange) replaces torch's default and a port
     derived from a job id; a MASTER_PORT the user gave stays. The rule reads the provenance's
-    kind (distenv.description.Why), so rewording the text changes nothing; the notes about the
+    kind (distenv.core.description.Why), so rewording the text changes nothing; the notes about the
     port and the world size go once the service filled them (Note.about)."""
     import pickle
 
     from distenv.discovery import pmi
-    from distenv.description import DEFAULT, DERIVED, Why, kind_of
+    from distenv.core.description import DEFAULT, DERIVED, Why, kind_of
     from distenv.discovery.apply import apply
     from distenv.discovery.services import Pmi
 

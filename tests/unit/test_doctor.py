@@ -1,4 +1,4 @@
-"""`distenv doctor` and `distenv.redact`: secrets never printed, misconfigurations flagged.
+"""`distenv doctor` and `distenv.core.redact`: secrets never printed, misconfigurations flagged.
 
 Everything the doctor reads from the machine goes through module attributes
 (INFINIBAND_DIR, NET_DEV, NET_ROUTE, HOSTS_FILE, gpus.NVIDIA_DIR) that these tests point at
@@ -16,7 +16,7 @@ import pytest
 
 from distenv import doctor, knobs
 from distenv.cli import main as cli_main
-from distenv.redact import MASK, is_secret_name, redact_environ, redact_text, redact_value
+from distenv.core.redact import MASK, is_secret_name, redact_environ, redact_text, redact_value
 from envs import hydra_rank, ompi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

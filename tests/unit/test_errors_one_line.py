@@ -114,7 +114,7 @@ def test_installed_once_and_not_by_the_core():
     p = run("""
         import sys
         before = sys.excepthook
-        import distenv, distenv.resolver, distenv.cli, distenv.run
+        import distenv, distenv.core.resolver, distenv.cli, distenv.run
         assert sys.excepthook is before, "the core installs nothing"
         import distenv.torch
         hook = sys.excepthook

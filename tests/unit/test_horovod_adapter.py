@@ -13,7 +13,9 @@ import pytest
 
 import distenv
 import distenv.horovod as dh
-from distenv import DistEnvError, ports, preflight
+from distenv import DistEnvError
+from distenv.core import ports
+from distenv.bringup import preflight
 from envs import hydra_rank, platform, recorded, torchrun
 
 

@@ -1,4 +1,4 @@
-"""distenv.hostlist: SLURM host lists and per-node counts.
+"""distenv.core.hostlist: SLURM host lists and per-node counts.
 
 The reference is SLURM's own parser (src/common/hostlist.c, hostlist_create),
 run for real: `scontrol show hostnames` expands batches of random compressed
@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 try:
     from distenv.errors import DistEnvError
-    from distenv.hostlist import MAX_HOSTS, expand_hostlist, expand_tasks_per_node
+    from distenv.core.hostlist import MAX_HOSTS, expand_hostlist, expand_tasks_per_node
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from distenv.errors import DistEnvError
-    from distenv.hostlist import MAX_HOSTS, expand_hostlist, expand_tasks_per_node
+    from distenv.core.hostlist import MAX_HOSTS, expand_hostlist, expand_tasks_per_node
 
 
 # --- a literal transcription of SLURM's rules, for valid input only ---------------
@@ -433,7 +433,7 @@ def _hostlist_batch(draw):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(_hostlist_batch())
 def test_same_as_scontrol_show_hostnames(scontrol, lists):
-    """distenv.hostlist expands every list exactly as SLURM does: same names, same order,
+    """distenv.core.hostlist expands every list exactly as SLURM does: same names, same order,
     duplicates kept (12 scontrol calls of 20-120 lists each by default, about 2 s)."""
     theirs = scontrol(lists)
     wrong = []

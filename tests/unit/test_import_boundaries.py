@@ -30,18 +30,18 @@ ADAPTERS = ("distenv.torch", "distenv.lightning", "distenv.transformers", "diste
 TOOLS = ("distenv.cli", "distenv.__main__", "distenv.doctor", "distenv.run", "distenv.auto",
          "distenv._autostart", "distenv.display", "distenv.nodemap")
 #: What an adapter may import from the core. Public API:
-PUBLIC = ("distenv", "distenv.description", "distenv.errors", "distenv.resolver",
-          "distenv.discovery", "distenv.export")
+PUBLIC = ("distenv", "distenv.core.description", "distenv.errors", "distenv.core.resolver",
+          "distenv.discovery", "distenv.core.export")
 #: ... and the shared helpers, each a core rule adapters consume instead of holding their own.
 SHARED = (
-    "distenv.placement",             # which host runs each rank
+    "distenv.core.placement",             # which host runs each rank
     "distenv.knobs",                 # timeout, side ports, core share, host file knobs
-    "distenv.gpus",                  # visible GPUs
+    "distenv.core.gpus",                  # visible GPUs
     "distenv.log",                   # the distenv logger
-    "distenv._teardown",             # an orderly end of a process group at exit
+    "distenv.bringup.teardown",             # an orderly end of a process group at exit
     "distenv.bringup",               # the one way up: resolve, refuse, complete, export, teardown
-    "distenv.preflight",             # the one pre-flight: meet every rank, name the missing ones
-    "distenv.ports",                 # whether a port is free here, and a free one (TF's own ports)
+    "distenv.bringup.preflight",             # the one pre-flight: meet every rank, name the missing ones
+    "distenv.core.ports",                 # whether a port is free here, and a free one (TF's own ports)
     "distenv.sources.lightning_node",  # both ends of the Lightning node hand-off
     "distenv.sources",               # what a launch's source declares (source_of, family, ...)
     "distenv.sources.slurm",         # SLURM's task layout, re-exported as distenv.tensorflow.slurm_task_nodes
@@ -100,6 +100,15 @@ def _known_module(name: str, all_names) -> str:
     return name
 
 
+def _submodules(found, all_names):
+    """`from .core import gpus` imports the module distenv.core.gpus, not the package."""
+    for imported, names in found:
+        subs = [n for n in names if f"{imported}.{n}" in all_names]
+        yield from ((f"{imported}.{n}", ()) for n in subs)
+        if not subs or len(subs) < len(names):
+            yield imported, tuple(n for n in names if n not in subs)
+
+
 def violations(modules) -> "list[tuple[str, str, str]]":
     """(importer, imported, why) for every import that breaks the layering."""
     modules = list(modules)
@@ -108,7 +117,7 @@ def violations(modules) -> "list[tuple[str, str, str]]":
     for name, text, is_package in modules:
         adapter = _under(name, ADAPTERS)
         core = not adapter and not _under(name, TOOLS)
-        for imported, names in imports(name, text, is_package):
+        for imported, names in _submodules(imports(name, text, is_package), all_names):
             top = imported.split(".")[0]
             if top != "distenv":
                 if core and top not in sys.stdlib_module_names and \
@@ -129,19 +138,19 @@ def violations(modules) -> "list[tuple[str, str, str]]":
 
 def test_the_checker_catches_each_kind_of_violation():
     fake = [
-        ("distenv.resolver", "import torch\nfrom .lightning import x\n", False),
+        ("distenv.core.resolver", "import torch\nfrom ..lightning import x\n", False),
         ("distenv.sources.slurm", "def f():\n    from ..cli import main\n", False),
-        ("distenv.tensorflow.cluster", "from ..hostlist import expand_hostlist\n"
-                                       "from ..description import _build\n", False),
-        ("distenv.lightning", "from .placement import display_node_rank\nimport lightning\n", False),
-        ("distenv.hostlist", "", False), ("distenv.cli", "", False), ("distenv.description", "", False),
-        ("distenv.placement", "", False),
+        ("distenv.tensorflow.cluster", "from ..core.hostlist import expand_hostlist\n"
+                                       "from ..core.description import _build\n", False),
+        ("distenv.lightning", "from .core.placement import display_node_rank\nimport lightning\n", False),
+        ("distenv.core.hostlist", "", False), ("distenv.cli", "", False), ("distenv.core.description", "", False),
+        ("distenv.core.placement", "", False),
     ]
     found = {(a, b) for a, b, _ in violations(fake)}
-    assert found == {("distenv.resolver", "torch"), ("distenv.resolver", "distenv.lightning"),
+    assert found == {("distenv.core.resolver", "torch"), ("distenv.core.resolver", "distenv.lightning"),
                      ("distenv.sources.slurm", "distenv.cli"),
-                     ("distenv.tensorflow.cluster", "distenv.hostlist"),
-                     ("distenv.tensorflow.cluster", "distenv.description")}
+                     ("distenv.tensorflow.cluster", "distenv.core.hostlist"),
+                     ("distenv.tensorflow.cluster", "distenv.core.description")}
 
 
 def test_layering():
@@ -365,17 +374,17 @@ def circles(modules) -> "list[list[str]]":
 
 def test_the_circle_finder_sees_lazy_imports_not_type_checking_ones():
     fake = [
-        ("distenv.description", "def export(self):\n    from .export import export\n", False),
-        ("distenv.export", "from .fields import PER_NODE\nfrom . import sources as s\n", False),
+        ("distenv.core.description", "def export(self):\n    from .export import export\n", False),
+        ("distenv.core.export", "from .fields import PER_NODE\nfrom .. import sources as s\n", False),
         ("distenv.sources", "TYPE_CHECKING = False\nif TYPE_CHECKING:\n"
-                            "    from ..description import Later\nelse:\n    from .. import fields\n", True),
-        ("distenv.fields", "", False),
+                            "    from ..core.description import Later\nelse:\n    from ..core import fields\n", True),
+        ("distenv.core.fields", "", False),
         ("distenv.discovery", "from .services import PMI_WHY\n", True),
         ("distenv.discovery.services", "def ask():\n    from . import PMI_WHY\n", False),
     ]
     assert circles(fake) == [["distenv.discovery", "distenv.discovery.services"]]
-    fake[2] = ("distenv.sources", "def f():\n    from ..description import Later\n", True)
-    assert sorted(circles(fake)) == [["distenv.description", "distenv.export", "distenv.sources"],
+    fake[2] = ("distenv.sources", "def f():\n    from ..core.description import Later\n", True)
+    assert sorted(circles(fake)) == [["distenv.core.description", "distenv.core.export", "distenv.sources"],
                                      ["distenv.discovery", "distenv.discovery.services"]]
 
 

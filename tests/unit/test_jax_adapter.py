@@ -21,7 +21,8 @@ import pytest
 import distenv
 import distenv.jax as dj
 import distenv.keras as dk
-from distenv import DistEnvError, ports
+from distenv import DistEnvError
+from distenv.core import ports
 from envs import platform, recorded, slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,9 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 @pytest.fixture(autouse=True)
 def _no_gpus(monkeypatch, tmp_path):
     """No NVIDIA driver entries unless a test fakes them (the machine's own must not count)."""
-    import distenv.gpus
+    import distenv.core.gpus
 
-    monkeypatch.setattr(distenv.gpus, "NVIDIA_DIR", str(tmp_path / "no-nvidia"))
+    monkeypatch.setattr(distenv.core.gpus, "NVIDIA_DIR", str(tmp_path / "no-nvidia"))
 
 
 def host_of(address: str) -> str:
@@ -94,7 +95,7 @@ def test_coordinator_port_is_the_cores_rule_not_the_master_port():
     d = distenv.resolve(env)
     port, why = dj.coordinator_port(d, env)
     assert port != d.master_port and ports.BASE <= port < ports.BASE + ports.SPAN
-    assert "distenv.ports" in why
+    assert "distenv.core.ports" in why
     assert dj.plan(env).coordinator_address == f"{d.master_addr}:{port}"
     # another job (another master port) gets another port; the same job the same one
     other = distenv.resolve({**env, "MASTER_PORT": str(d.master_port + 1)})
@@ -362,7 +363,7 @@ def test_patch_fills_what_the_caller_leaves_out(fake_jax, monkeypatch):
     assert call["shutdown_timeout_seconds"] == 15 and call["cluster_detection_method"] is None
     # every process meets process 0 on its host, at the pre-flight's own port (not JAX's), with
     # a key of the job
-    from distenv import preflight
+    from distenv.bringup import preflight
 
     host = want.coordinator_address.rpartition(":")[0]
     met = f"{host}:{preflight.port(want.env, host)}"

@@ -1,4 +1,4 @@
-"""distenv.placement: which host runs each rank (DistEnv.rank_hosts), proven or unknown; the
+"""distenv.core.placement: which host runs each rank (DistEnv.rank_hosts), proven or unknown; the
 Lightning node hand-off source; the shared knobs (distenv.knobs)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import pickle
 import pytest
 
 import distenv
-from distenv import DistEnvError, knobs, placement, ports, resolve
-from distenv.description import Later
+from distenv import DistEnvError, knobs, resolve
+from distenv.core import placement, ports
+from distenv.core.description import Later
 from distenv.discovery import from_hostnames
 from distenv.sources import slurm
 from envs import ompi, platform

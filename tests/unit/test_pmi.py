@@ -17,13 +17,14 @@ import types
 
 import pytest
 
-from distenv import DistEnvError, ports, resolve
+from distenv import DistEnvError, resolve
+from distenv.core import ports
 from distenv.discovery import pmi
-from distenv.description import DECLINED, about
+from distenv.core.description import DECLINED, about
 from distenv.discovery import PMI_WHY, complete
 from distenv.discovery.apply import apply
 from distenv.discovery.services import Pmi
-from distenv.ports import port_for
+from distenv.core.ports import port_for
 from envs import hydra_rank
 
 MPICH4 = {"init": "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0",

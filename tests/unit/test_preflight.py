@@ -1,4 +1,4 @@
-"""The one pre-flight (`distenv.preflight`): a star on process 0 (JAX, TensorFlow, Horovod) and
+"""The one pre-flight (`distenv.bringup.preflight`): a star on process 0 (JAX, TensorFlow, Horovod) and
 the same meeting over a key-value store (torch's), on real sockets and threads.
 
 What each test holds the code to: every process meets; a missing one is named in one wording on
@@ -21,7 +21,8 @@ import time
 import pytest
 
 import distenv
-from distenv import DistEnvError, preflight
+from distenv import DistEnvError
+from distenv.bringup import preflight
 from envs import recorded
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
@@ -454,7 +455,7 @@ def test_the_key_carries_the_job():
 
 
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_where_needed():
-    code = ("import resource; from distenv import preflight; "
+    code = ("import resource; from distenv.bringup import preflight; "
             "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
             "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)); "
             "assert preflight.descriptors(100) == 256; "

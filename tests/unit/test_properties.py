@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import distenv
 from distenv import DistEnvError, resolve
-from distenv.description import FIELDS
+from distenv.core.description import FIELDS
 
 EXAMPLES = int(os.environ.get("DISTENV_FUZZ_EXAMPLES", "1500"))
 

@@ -493,10 +493,10 @@ def test_plan_never_puts_a_dash_address_on_torchruns_command_line(no_gpus, monke
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
     with pytest.raises(DistEnvError, match="starts with '-'"):
         run.plan(["--nproc-per-node", "2", "python", "t.py"], {"MASTER_ADDR": "-oProxyCommand=x"})
-    import distenv.resolver
+    import distenv.core.resolver
 
-    real = distenv.resolver.resolve
-    monkeypatch.setattr(distenv.resolver, "resolve",
+    real = distenv.core.resolver.resolve
+    monkeypatch.setattr(distenv.core.resolver, "resolve",
                         lambda environ: real(environ).replace(master_addr="-oProxyCommand=x"))
     with pytest.raises(DistEnvError) as err:
         run.plan(["--nproc-per-node", "2", "python", "t.py"], OMPI_PPR1)

@@ -71,7 +71,7 @@ NODES = {"skypilot": skypilot_node, "dstack": dstack_node}
 
 
 def held_job(make):
-    """(job id, socket): a job id whose derived master port (distenv.ports, the same on both
+    """(job id, socket): a job id whose derived master port (distenv.core.ports, the same on both
     nodes) this pytest process can bind, bound with SO_REUSEADDR and never listening, so that
     nothing else takes it before the job's TCPStore (which binds with SO_REUSEADDR too) does."""
     for i in range(50):

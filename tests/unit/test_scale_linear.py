@@ -13,7 +13,7 @@ import pytest
 from distenv import resolve
 from distenv.discovery.apply import from_hostnames
 from distenv.nodemap import build
-from distenv.placement import parse_hostfile
+from distenv.core.placement import parse_hostfile
 
 RANKS, PER_NODE = 50_000, 8
 NODES = RANKS // PER_NODE

@@ -1,4 +1,4 @@
-"""distenv._teardown on a stand-in torch.distributed: the order quiesce -> destroy -> quiesce,
+"""distenv.bringup.teardown on a stand-in torch.distributed: the order quiesce -> destroy -> quiesce,
 the guard on a script's own destroy_process_group, and DISTENV_TEARDOWN=0. The real race is
 provoked and shown gone under mpirun in tests/reliability/test_clean_exit.py."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from distenv import _teardown
+from distenv.bringup import teardown as _teardown
 
 
 @pytest.fixture

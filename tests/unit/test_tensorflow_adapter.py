@@ -14,7 +14,8 @@ import pytest
 
 import distenv
 import distenv.tensorflow as dtf
-from distenv import DistEnvError, ports
+from distenv import DistEnvError
+from distenv.core import ports
 from envs import ompi, platform, recorded, slurm, slurm_task, torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))

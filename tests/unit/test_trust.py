@@ -358,7 +358,7 @@ def test_the_holder_log_follows_no_link_another_user_planted(world, monkeypatch)
 
 # -- 6: the pre-flight -------------------------------------------------------------------------------
 def _meeting(port: int, timeout: float, index: int = 1):
-    from distenv.preflight import Meeting
+    from distenv.bringup.preflight import Meeting
 
     return Meeting(host="127.0.0.1", port=port, index=index, size=2, job="trust-test",
                    timeout=timeout, who="distenv.test", noun="process")
@@ -369,7 +369,7 @@ def test_a_squatter_on_the_preflight_port_cannot_hold_a_process_past_its_timeout
     to wait up to 10 s per read, stretched again by every byte; now it ends with its
     timeout."""
     from distenv import DistEnvError
-    from distenv.preflight import meet
+    from distenv.bringup.preflight import meet
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -411,7 +411,7 @@ def test_a_squatter_on_the_preflight_port_cannot_hold_a_process_past_its_timeout
 
 def test_a_process_that_finds_nothing_listening_is_told_so():
     from distenv import DistEnvError
-    from distenv.preflight import meet
+    from distenv.bringup.preflight import meet
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -424,7 +424,7 @@ def test_a_process_that_finds_nothing_listening_is_told_so():
 
 
 def test_the_two_processes_message_spells_processes():
-    from distenv.preflight import twice
+    from distenv.bringup.preflight import twice
 
     text = twice(_meeting(1, 1.0), 1, "a 1", "b 2")
     assert "processes numbered" in text and "processs" not in text
@@ -439,7 +439,7 @@ def test_the_two_processes_message_spells_processes():
     ("mysql -u root -phunter6 jobs", "hunter6"),
 ])
 def test_command_line_passwords_are_redacted(text, secret):
-    from distenv.redact import MASK, redact_text, redact_value
+    from distenv.core.redact import MASK, redact_text, redact_value
 
     shown = redact_text(text)
     assert secret not in shown and MASK in shown, shown
@@ -447,7 +447,7 @@ def test_command_line_passwords_are_redacted(text, secret):
 
 
 def test_launcher_flags_that_start_with_p_are_kept():
-    from distenv.redact import redact_text
+    from distenv.core.redact import redact_text
 
     for text in ("mpiexec -pmi-port -ppn 2 python x.py", "srun -p debug -N2 python x.py"):
         assert redact_text(text) == text

@@ -27,7 +27,7 @@ holder instead of asking again (the claim).
 
 from __future__ import annotations
 
-from ..description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note, unsettled
+from ..core.description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note, unsettled
 from ..errors import DistEnvError
 from .apply import STALE, Answer, apply, from_hostnames
 from .door import debug as _debug
@@ -191,7 +191,7 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]",
     fields = tuple(f for f in need if getattr(env, f) is None)
     if not fields:
         return env
-    from ..resolver import unknown_note
+    from ..core.resolver import unknown_note
     from ..sources import source_of
 
     if reason.present:
@@ -236,7 +236,7 @@ def complete(env: "DistEnv | None" = None, *, need: "Iterable[str]" = ("master_a
     import os
 
     if env is None:
-        from ..resolver import resolve
+        from ..core.resolver import resolve
 
         env = resolve(environ)
     need = tuple(need)
@@ -276,7 +276,7 @@ def discover(env: "DistEnv | None" = None, method: str = "auto", *,
     import os
 
     if env is None:
-        from ..resolver import resolve
+        from ..core.resolver import resolve
 
         env = resolve()
     if method not in METHODS:

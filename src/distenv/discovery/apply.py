@@ -11,7 +11,7 @@ A note about a field it fills is dropped (`Note.about`).
 
 from __future__ import annotations
 
-from ..description import DEFAULT, DERIVED, PER_NODE, UNKNOWN, DistEnv, about, kind_of, unsettled
+from ..core.description import DEFAULT, DERIVED, PER_NODE, UNKNOWN, DistEnv, about, kind_of, unsettled
 from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -27,7 +27,7 @@ STALE = ("Fix: run every rank under the same launcher and job, and unset variabl
 class Answer:
     """What a service said. ``hosts[r]`` is rank r's host; `why` the provenance of every
     field it fills; `port` a TCP port rank 0 found free on its host (every rank got the same),
-    `port_key` a job identity to derive one from (distenv.ports); `one_per_node` the launcher
+    `port_key` a job identity to derive one from (distenv.core.ports); `one_per_node` the launcher
     option that starts one process per node, for the error of a per-node launch that did not."""
 
     __slots__ = ("service", "rank", "size", "hosts", "why", "port", "port_key", "one_per_node",
@@ -104,7 +104,7 @@ def settled(env: DistEnv, filled: "set[str]", values: "Mapping[str, Any]") -> "l
             continue
         keep.append(note)
     if rebuild:
-        from ..resolver import unknown_note
+        from ..core.resolver import unknown_note
         from ..sources import source_of
 
         source = source_of(env.launcher)
@@ -164,7 +164,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
         "num_nodes": len(nodes),
         "local_world_size": counts[mine],
         "hosts": tuple(nodes),
-        "rank_hosts": tuple(names),  # every rank's host: the placement (distenv.placement)
+        "rank_hosts": tuple(names),  # every rank's host: the placement (distenv.core.placement)
         "nproc_per_node": counts[mine] if len(set(counts.values())) == 1 else None,
     }
     if env.local_rank is None:
@@ -217,7 +217,7 @@ def apply(env: DistEnv, ans: Answer) -> DistEnv:
     """`env` completed from `ans` (module docstring); `DistEnvError` on a contradiction, or
     when a host the service gave cannot be a master address (the resolver's own check:
     `distenv run` puts it on torchrun's command line)."""
-    from ..resolver import host_problem
+    from ..core.resolver import host_problem
 
     for host in dict.fromkeys(ans.hosts):
         problem = host_problem(host, ans.why)
@@ -228,20 +228,20 @@ def apply(env: DistEnv, ans: Answer) -> DistEnv:
     if (ans.port is not None and port_kind in (DEFAULT, DERIVED)
             and env.master_addr in (None, ans.hosts[0])):
         # Rank 0 found this port free on its own host, where the store will listen, and
-        # published it with the hosts (distenv.ports.free): a job already listening on
+        # published it with the hosts (distenv.core.ports.free): a job already listening on
         # the derived port is avoided, and every rank has the same port.
         env = with_values(env, {"master_port": ans.port},
                           f"free on rank 0's host ({ans.hosts[0]}) when it looked ({ans.why}); "
-                          "see distenv.ports.free")
+                          "see distenv.core.ports.free")
     elif ans.port_key and port_kind == DEFAULT:
         # A launcher with no job id (MPICH) still has one service key the same on every rank
         # of one job, different across jobs (its key-value space name): two such jobs on one
         # machine no longer share 29500.
-        from ..ports import port_for
+        from ..core.ports import port_for
 
         env = with_values(env, {"master_port": port_for(ans.port_key)},
                           f"derived from the job's key-value space name ({ans.port_key.split(':', 1)[-1]}; "
-                          f"{ans.why}); see distenv.ports")
+                          f"{ans.why}); see distenv.core.ports")
     if env.launch == PER_NODE:
         # One process per node (DISTENV_NPROC_PER_NODE under mpirun/srun): the ranks are nodes.
         return per_node(env, ans)

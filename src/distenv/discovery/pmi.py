@@ -7,7 +7,7 @@ its host name, one barrier; rank 0 reads every rank's and publishes one summary 
 split across keys within the service's value length), a second barrier, and every other
 rank reads only the summary -- which proves the master address, the node of every rank, the
 node count and the local counts (`distenv.discovery.complete`). Rank 0 also publishes a port
-it found free on its host (`distenv.ports.free`), so every rank has the same one.
+it found free on its host (`distenv.core.ports.free`), so every rank has the same one.
 
 The wire protocol, as measured here with MPICH 4.0 (Debian), MPICH 5 (PyPI) and Intel MPI
 2021.18 (PyPI `impi-rt`), each `mpiexec` on one and on two nodes. Lines are
@@ -424,7 +424,7 @@ class Exchange:
                  server: str = "Hydra") -> None:
         self.rank, self.size, self.hosts, self.mode = rank, size, hosts, mode
         self.seconds, self.why, self.kvsname, self.server = seconds, why, kvsname, server
-        #: A TCP port rank 0 found free on its host (`distenv.ports.free`), the same on every rank;
+        #: A TCP port rank 0 found free on its host (`distenv.core.ports.free`), the same on every rank;
         #: None when none was found (or the answer came from before an exec).
         self.port = port
 
@@ -635,7 +635,7 @@ def split(payload: str, limit: int) -> "list[str]":
 def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
              size: int) -> "tuple[list[str], int | None]":
     """Rank 0, after the first barrier: read every rank's host, find a free port on this
-    host (`distenv.ports.free`, from the port derived from the job's kvsname), publish both as one
+    host (`distenv.core.ports.free`, from the port derived from the job's kvsname), publish both as one
     summary (split across keys ``<summary><i>`` within the service's value length), then
     the second barrier, after which every other rank reads the summary."""
     hosts = [host]
@@ -648,7 +648,7 @@ def _publish(conn: _Conn, kvs: str, key: str, summary: str, host: str,
         hosts.append(got["value"])
     # A missing host is published too ("!<rank>"): every rank then fails with rank 0's
     # reason at once, instead of waiting out its timeout at the second barrier.
-    from ..ports import free, port_for
+    from ..core.ports import free, port_for
 
     port = free(port_for(f"hydra:{kvs}"))
     payload = f"!{missing[0]}" if missing is not None else encode(hosts, port)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
 
 #: The provenance of every field the key-value exchange fills.
 PMI_WHY = "PMI-1 key-value exchange"
@@ -94,7 +94,7 @@ class Apinfo(Service):
     def ask(self, environ: "Mapping[str, str]", found: Any, timeout: "float | None",
             env: "DistEnv", need: "tuple[str, ...] | None" = None) -> Answer:
         from . import apinfo
-        from ..reading import get_int
+        from ..core.reading import get_int
 
         rank = get_int(environ, "PALS_RANKID", "Cray PALS")
         if rank is None:

@@ -27,7 +27,7 @@ Source declares: a variable (Open MPI's ``OMPI_VERSION``), its Python distributi
 a short timeout: preferably the launcher binary that started this process, found among its
 ancestors in /proc, else the command on PATH, labelled so).
 
-Values of secret-looking variables never appear (`distenv.redact`); long values are
+Values of secret-looking variables never appear (`distenv.core.redact`); long values are
 shortened as `distenv show` does (`distenv.display.shorten`); findings are printed whole up to
 2000 characters, a longer one says where the whole text is (`distenv.display.clip`). Exit status: 2 when the
 environment cannot be resolved (as every command), 1 when a finding is an error, else 0.
@@ -52,7 +52,7 @@ from __future__ import annotations
 import os
 
 from ..errors import DistEnvError, split_fix
-from ..redact import redact_environ, redact_text
+from ..core.redact import redact_environ, redact_text
 from .autocheck import AUTO_PTH, _check_auto, site_dirs
 from .checks import _check_cpu, _check_gpus, _check_knobs, _check_launch, _check_map
 from .network import _check_network, _probe
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
 
 __all__ = [
     "AUTO_PTH", "HOSTS_FILE", "INFINIBAND_DIR", "LEVELS",
@@ -89,7 +89,7 @@ def _diagnose(environ: "Mapping[str, str] | None", probe: bool, timeout: float, 
               discover: bool = False) -> "tuple[DistEnv | None, dict[str, Any]]":
     """(the resolved DistEnv or None, the report). `discover`: the map asks the launcher's
     service where the environment does not place the ranks (collective: every rank)."""
-    from ..resolver import resolve
+    from ..core.resolver import resolve
 
     environ = dict(os.environ if environ is None else environ)
     rep = Report()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from ..description import DEFAULT, PER_NODE, kind_of
+from ..core.description import DEFAULT, PER_NODE, kind_of
 from ..errors import DistEnvError, split_fix
-from ..redact import redact_text
+from ..core.redact import redact_text
 from . import system
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
     from .report import Report
 
 
@@ -82,7 +82,7 @@ def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> No
                 "run with a launcher that gives it (MPICH: drop -pmi-port) or set WORLD_SIZE.")
     multi = env.num_nodes is None or env.num_nodes > 1
     if env.master_addr is None:
-        from ..export import missing_message
+        from ..core.export import missing_message
 
         rep.add("error", "launch", f"rank 0's address is unknown: {env.launcher} does not reveal it "
                 "across nodes.", split_fix(missing_message(env, ["MASTER_ADDR"]))[1])
@@ -137,7 +137,7 @@ def _check_map(rep: Report, out: "dict[str, Any]", env: DistEnv, discover: bool)
 
 
 def _check_gpus(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> "dict[str, Any]":
-    from ..gpus import visible_gpus
+    from ..core.gpus import visible_gpus
 
     count, why = visible_gpus(environ)
     local = env.nproc_per_node if env.launch == PER_NODE else env.local_world_size

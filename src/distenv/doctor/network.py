@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
     from .report import Report
 
 

@@ -4,7 +4,7 @@ and `exit_code`."""
 
 from __future__ import annotations
 
-from ..redact import redact_text
+from ..core.redact import redact_text
 from .versioninfo import PACKAGES
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -51,9 +51,9 @@ def exit_code(report: "Mapping[str, Any]") -> int:
 
 def render(report: "Mapping[str, Any]") -> str:
     """The human-readable report."""
-    from ..description import FIELDS
+    from ..core.description import FIELDS
 
-    from ..description import UNREVEALED
+    from ..core.description import UNREVEALED
     from ..display import clip, hosts_text, shorten
 
     lines = ["launch"]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
 
 
 #: Distributions reported when installed for this interpreter, in this order.

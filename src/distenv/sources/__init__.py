@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 
 class Source:
@@ -149,7 +149,7 @@ class Source:
         """Which host runs each global rank, where this launch proves it: a `Later` that
         builds the tuple on first access, and its why; None when it proves nothing. Called
         with the fields read so far (world size known) for the launcher's source, then for
-        the platform's (`distenv.placement.record`)."""
+        the platform's (`distenv.core.placement.record`)."""
         return None
 
     def platform(self, env: "Env") -> "str | None":

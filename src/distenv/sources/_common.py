@@ -10,9 +10,9 @@ NodeList is what those two per-node platforms share (the node index, the placeme
 
 from __future__ import annotations
 
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from ..errors import DistEnvError
-from ..reading import get_int, Reading, show
+from ..core.reading import get_int, Reading, show
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env
+    from ..core.description import Later
+    from ..core.reading import Env
 
 
 def read_counts(env: "Env", r: Reading, who: str, rank: str, size: str,
@@ -164,7 +164,7 @@ class NodeList(Source):
         when each node is its only worker (a per-process launch)."""
         if values.get("launcher") not in self.names():
             return None
-        from ..placement import repeated
+        from ..core.placement import repeated
 
         return repeated(values, f"{self.ips_var} in node order, nproc_per_node="
                                 f"{values.get('nproc_per_node')} each (workers are numbered "

@@ -16,7 +16,7 @@ PyTorch jobs.
 from __future__ import annotations
 
 from ..errors import DistEnvError
-from ..reading import show
+from ..core.reading import show
 from . import Source
 from ._common import block_layout, platform_hosts, platform_master
 
@@ -24,8 +24,8 @@ TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TY
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 
 class AzureML(Source):
@@ -77,7 +77,7 @@ class AzureML(Source):
         listed = [h.strip() for h in env.get("AZ_BATCH_HOST_LIST", "").split(",") if h.strip()]
         if not listed or list(values["hosts"]) != listed or values.get("master_addr") != listed[0]:
             return None
-        from ..placement import repeated
+        from ..core.placement import repeated
 
         per = values.get("nproc_per_node")
         return repeated(values, f"AZ_BATCH_HOST_LIST in order, {per} each (Azure ML starts the "

@@ -45,12 +45,12 @@ a port key.
 from __future__ import annotations
 
 from ..errors import DistEnvError
-from ..reading import get_int, show
+from ..core.reading import get_int, show
 from ._common import NodeList
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 #: The fix for dstack variables distenv cannot read.
 FIX = ("Fix: leave the DSTACK_* variables as dstack's runner sets them (do not set "

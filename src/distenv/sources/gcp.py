@@ -14,18 +14,18 @@ first); master = MASTER_ADDR or the primary replica's host.
 
 from __future__ import annotations
 
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..knobs import NPROC_PER_NODE
-from ..reading import get_int, parse_json
+from ..core.reading import get_int, parse_json
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 PRIMARY = ("master", "chief", "workerpool0")
 WORKERS = ("worker", "workerpool1")
@@ -198,7 +198,7 @@ class GoogleCloud(Source):
         k*nproc .. k*nproc+nproc-1."""
         if values.get("launcher") not in self.names():
             return None  # only the platform under another launcher: that one places ranks
-        from ..placement import repeated
+        from ..core.placement import repeated
 
         return repeated(values, f"CLUSTER_SPEC training replicas in node order, nproc_per_node="
                                 f"{values.get('nproc_per_node')} each (workers are numbered "

@@ -42,14 +42,14 @@ adapters leave them alone (``adapters``).
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
-from ..reading import get_int, show
+from ..core.reading import get_int, show
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 
 def _host(entry: str) -> str:

@@ -6,13 +6,13 @@ on local rank 0 (Horovod counts cross ranks per local rank); elsewhere unknown.
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..core.description import PER_PROCESS
 from . import Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 
 class HorovodRun(Source):

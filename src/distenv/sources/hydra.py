@@ -29,13 +29,13 @@ master_port     derived from I_MPI_HYDRA_UUID (Intel MPI, the same on every rank
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS, Note
+from ..core.description import PER_PROCESS, Note
 from . import Source
 from ._common import first_int
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 
 class Hydra(Source):

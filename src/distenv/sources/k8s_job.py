@@ -73,10 +73,10 @@ JobSet's labels), and that ``parallelism`` equals ``completions``.
 
 from __future__ import annotations
 
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from .. import knobs
 from ..errors import DistEnvError
-from ..reading import get_int, show
+from ..core.reading import get_int, show
 from . import Source
 from ._common import check_master
 
@@ -84,8 +84,8 @@ TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TY
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 COUNT = knobs.JOB_COMPLETIONS
 GLOBAL_INDEX = knobs.JOBSET_JOB_GLOBAL_INDEX
@@ -103,9 +103,9 @@ FIX = ("Fix: set DISTENV_JOB_COMPLETIONS to the Job's completions (equal to its 
 
 
 def _bounded(pods: int, what: str) -> None:
-    """A node count larger than any host list distenv builds (`distenv.hostlist.MAX_HOSTS`) is
+    """A node count larger than any host list distenv builds (`distenv.core.hostlist.MAX_HOSTS`) is
     not a Job's: building its host names would take minutes."""
-    from ..hostlist import MAX_HOSTS
+    from ..core.hostlist import MAX_HOSTS
 
     if pods > MAX_HOSTS:
         raise DistEnvError(f"{what} gives {pods:,} pods, more than the {MAX_HOSTS:,} distenv "
@@ -223,7 +223,7 @@ class IndexedJob(Source):
         its only worker (a per-process launch)."""
         if values.get("launcher") not in self.names():
             return None
-        from ..placement import repeated
+        from ..core.placement import repeated
 
         return repeated(values, f"the pods' host names in node order, nproc_per_node="
                                 f"{values.get('nproc_per_node')} each (workers are numbered "

@@ -11,14 +11,14 @@ Inferred (docs/inferences.md): nothing beyond the PET_* variables the operator s
 
 from __future__ import annotations
 
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from ..errors import DistEnvError
-from ..reading import get_int, parse_int
+from ..core.reading import get_int, parse_int
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 
 def parse_nnodes(raw: str, name: str) -> int:

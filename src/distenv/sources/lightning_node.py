@@ -35,18 +35,18 @@ starts its workers, is still described by its launcher.
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
 from ..knobs import LIGHTNING_NODE
-from ..reading import parse_int, parse_json, show
+from ..core.reading import parse_int, parse_json, show
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..description import DistEnv
-    from ..reading import Env, Reading
+    from ..core.description import DistEnv
+    from ..core.reading import Env, Reading
 
 #: The variable a per-node process hands its node's description down in.
 VARIABLE = LIGHTNING_NODE

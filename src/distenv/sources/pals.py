@@ -41,14 +41,14 @@ master_port           derived from PALS_APID (one application id for all ranks),
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS, Note
+from ..core.description import PER_PROCESS, Note
 from ..errors import DistEnvError
 from . import Source
 from ._common import first_int
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 #: The variables naming the job ids of a SLURM task: its own, and under a heterogeneous job
 #: each component's (SLURM 22.05 names them PACK_GROUP, later versions HET_GROUP).

@@ -20,16 +20,16 @@ Inferred (docs/inferences.md): nothing; the resolver's one-node rules apply.
 
 from __future__ import annotations
 
-from ..description import PER_NODE, PER_PROCESS
+from ..core.description import PER_NODE, PER_PROCESS
 from ..errors import DistEnvError
 from ..knobs import LAUNCHER
-from ..reading import get_int
+from ..core.reading import get_int
 from . import Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 
 class Plain(Source):

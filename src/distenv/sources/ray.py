@@ -35,14 +35,14 @@ hold different numbers of workers, so only the resolver's one-node rule gives th
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
 from . import Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 #: The variables Ray Train sets in each worker (any one of them: the rest must be there too).
 TRAIN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")

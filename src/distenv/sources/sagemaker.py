@@ -14,10 +14,10 @@ processes_per_host per host in SM_HOSTS order.
 
 from __future__ import annotations
 
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..knobs import NPROC_PER_NODE
-from ..reading import get_int, parse_json, show
+from ..core.reading import get_int, parse_json, show
 from . import Source
 from ._common import block_layout, platform_hosts, platform_master
 
@@ -25,8 +25,8 @@ TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TY
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 
 #: The fix for SageMaker variables distenv cannot read.
@@ -156,7 +156,7 @@ class SageMaker(Source):
         """SM_HOSTS in order: SageMaker started one process per host itself (node k's
         workers are ranks k*nproc .. k*nproc+nproc-1), or ran mpirun with
         ``-H algo-1:N,algo-2:N,...`` (block placement, N per host)."""
-        from ..placement import repeated
+        from ..core.placement import repeated
 
         per = values.get("nproc_per_node")
         if values.get("launcher") in self.names():

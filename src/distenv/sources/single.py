@@ -5,14 +5,14 @@ Inferred (docs/inferences.md): nothing; one process is rank 0 of 1 on one node.
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS
+from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
-from ..reading import show
+from ..core.reading import show
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 
 #: Task variables that only srun gives a task beyond the first: a batch script (the one process

@@ -49,12 +49,12 @@ per node; ``distenv run --nproc-per-node gpu`` makes it a per-node launch there)
 from __future__ import annotations
 
 from ..errors import DistEnvError
-from ..reading import get_int
+from ..core.reading import get_int
 from ._common import NodeList
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from ..reading import Env, Reading
+    from ..core.reading import Env, Reading
 
 #: The fix for SkyPilot variables distenv cannot read.
 FIX = ("Fix: leave SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES and SKYPILOT_NODE_IPS as SkyPilot "

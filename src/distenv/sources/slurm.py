@@ -49,9 +49,9 @@ whose place happens to agree cannot tell, so do not run distributed training as 
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS, Note, unknown
+from ..core.description import PER_PROCESS, Note, unknown
 from ..errors import DistEnvError
-from ..reading import parse_int
+from ..core.reading import parse_int
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 # Step ids of steps that are not srun tasks (batch, extern, interactive, pending...).
 NOT_TASK_STEPS = {"batch", "extern", "interactive", "pending",
@@ -134,7 +134,7 @@ def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
 
 def heterogeneous(env: "Env") -> "str | None":
     """Why this task is in a heterogeneous step or job (`layout_doubt`'s signs), or None."""
-    from ..hostlist import expand_hostlist, expand_tasks_per_node
+    from ..core.hostlist import expand_hostlist, expand_tasks_per_node
 
     try:
         hosts = expand_hostlist(env["SLURM_STEP_NODELIST"], "SLURM_STEP_NODELIST") \
@@ -163,7 +163,7 @@ DOUBT_FIX = ("Fix: launch with srun --mpi=pmix or --mpi=cray_shasta (distenv the
              "the step is heterogeneous), or give every rank's host in DISTENV_HOSTFILE.")
 
 
-# -- which host runs each task (the resolver's rank_hosts; distenv.placement) ----------------
+# -- which host runs each task (the resolver's rank_hosts; distenv.core.placement) ----------------
 NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
 COUNT_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 _BLOCK = ("block", "", "(null)", "unknown")
@@ -207,7 +207,7 @@ def rank_hosts(env: "Env", world_size: "int | None" = None, rank: "int | None" =
     """The host of every SLURM task, in rank order, from the step's variables in `env`.
 
     Raises `DistEnvError` saying what is missing or contradictory."""
-    from ..hostlist import expand_hostlist, expand_tasks_per_node
+    from ..core.hostlist import expand_hostlist, expand_tasks_per_node
 
     for var in NODELIST_VARS:
         if env.get(var):
@@ -321,7 +321,7 @@ class Slurm(Source):
         cyclic, plane: srun(1) --distribution); `rank_hosts` above says when it is unknown."""
         if per_node:
             return None
-        from ..description import Later
+        from ..core.description import Later
 
         captured = {k: env.get(k) for k in _PLACEMENT_VARS}
         dist = distribution(captured["SLURM_DISTRIBUTION"])
@@ -330,7 +330,7 @@ class Slurm(Source):
                 f"SLURM node list and tasks per node, placed by distribution {dist}")
 
     def read(self, env: "Env", r: "Reading") -> None:
-        from ..hostlist import expand_hostlist, expand_tasks_per_node
+        from ..core.hostlist import expand_hostlist, expand_tasks_per_node
 
         get, values, why = env.get, r.values, r.why
         r.launch = PER_PROCESS

@@ -11,17 +11,17 @@ master is the chief's host (rank 0). Two strings naming one machine count as two
 
 from __future__ import annotations
 
-from ..description import PER_PROCESS, unknown
+from ..core.description import PER_PROCESS, unknown
 from ..errors import DistEnvError
-from ..reading import parse_json, show
+from ..core.reading import parse_json, show
 from . import Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..description import Later
-    from ..reading import Env, Reading
+    from ..core.description import Later
+    from ..core.reading import Env, Reading
 
 CHIEFS = ("chief", "master")
 #: What a valid TF_CONFIG looks like, for the errors' Fix (TensorFlow's documented form).
@@ -93,7 +93,7 @@ class TFConfig(Source):
               ) -> "tuple[Later, str] | None":
         """The cluster's host:port list, chief first then workers (`task_rank`'s rule), when
         the hosts in force are TF_CONFIG's own (checked when built: resolve() stays cheap)."""
-        from ..description import Later
+        from ..core.description import Later
 
         if values.get("hosts") is None:
             return None

@@ -18,7 +18,7 @@ TF_CONFIG: without it every process trains its own copy and believes it is the c
    CLUSTER_SPEC (Google Cloud / Vertex), SM_HOSTS (SageMaker), SLURM's node and task lists
    (in SLURM's order, block/cyclic/plane distributions), one node (loopback), or, across
    MPI nodes, a host file or an mpi4py allgather of host names (only when asked). Ports
-   are derived from the job (`distenv.ports`), so concurrent jobs do not collide;
+   are derived from the job (`distenv.core.ports`), so concurrent jobs do not collide;
 2. gives each of several processes per node its own GPUs (CUDA_VISIBLE_DEVICES) and its
    share of the CPU cores, before TensorFlow initialises its devices;
 3. refuses Keras 3 with MultiWorkerMirroredStrategy (its model.fit fails there,
@@ -49,8 +49,8 @@ from __future__ import annotations
 
 # One module per job; the public names below are this package's API (unchanged from the
 # single module it was). No launcher variable is read here: placement comes from
-# `distenv.placement` (through DistEnv.rank_hosts), knobs from `distenv.knobs`.
-from ..placement import parse_hostfile
+# `distenv.core.placement` (through DistEnv.rank_hosts), knobs from `distenv.knobs`.
+from ..core.placement import parse_hostfile
 from ..sources.slurm import task_nodes as slurm_task_nodes
 from .cluster import CHIEFS, LOOPBACK, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts

@@ -1,4 +1,4 @@
-"""TF_CONFIG for this process, built from the core's placement (`distenv.placement`).
+"""TF_CONFIG for this process, built from the core's placement (`distenv.core.placement`).
 
 No launcher variable is read here: the hosts come from `DistEnv.rank_hosts` (or, when asked,
 a host file or discovery), the chief rule and the CLUSTER_SPEC mapping from the sources'
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 
-from .. import knobs, placement
-from ..description import PER_NODE, UNKNOWN, DistEnv, kind_of
+from .. import knobs
+from ..core import placement
+from ..core.description import PER_NODE, UNKNOWN, DistEnv, kind_of
 from ..errors import DistEnvError, split_fix
-from ..resolver import resolved
+from ..core.resolver import resolved
 from ..sources import family, source_of, tfconfig
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true

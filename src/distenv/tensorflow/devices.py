@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from .. import gpus, knobs
-from ..description import DistEnv
+from ..core import gpus
+from .. import knobs
+from ..core.description import DistEnv
 from ..errors import DistEnvError
 from .cluster import _environ
 
@@ -18,7 +19,7 @@ GPU_SLICE_VAR = gpus.GPU_SLICE_VAR
 
 def gpu_assignment(d: DistEnv, environ: "Mapping[str, str] | None" = None) -> "tuple[str | None, str]":
     """(CUDA_VISIBLE_DEVICES for this process or None to leave it, why): the core's policy
-    (`distenv.gpus.share`) with a slice of GPUs per process, which MirroredStrategy drives."""
+    (`distenv.core.gpus.share`) with a slice of GPUs per process, which MirroredStrategy drives."""
     mine = gpus.share(d, _environ(environ), split=True)
     if mine.kind == gpus.UNKNOWN:
         raise DistEnvError(gpus.unknown_error(mine))

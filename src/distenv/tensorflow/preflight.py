@@ -1,19 +1,20 @@
 """The pre-flight before TensorFlow's silent wait: every training worker reports to worker 0
-(the core's one pre-flight, `distenv.preflight.meet`), so a missing worker is one clear error
+(the core's one pre-flight, `distenv.bringup.preflight.meet`), so a missing worker is one clear error
 line after DISTENV_TIMEOUT, not a hang."""
 
 from __future__ import annotations
 
-from .. import knobs, preflight
+from .. import knobs
+from ..bringup import preflight
 from ..errors import DistEnvError
-from ..resolver import resolved
+from ..core.resolver import resolved
 from .cluster import _environ
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
 
 #: Seconds the pre-flight waits for every worker (override: DISTENV_TIMEOUT).
 DEFAULT_TIMEOUT = knobs.DEFAULT_TIMEOUT
@@ -23,8 +24,8 @@ def rendezvous(workers: "Sequence[str]", index: int, timeout: "float | None" = N
                environ: "Mapping[str, str] | None" = None, *, port: "int | None" = None,
                env: "DistEnv | None" = None) -> float:
     """Every worker of ``workers`` (host:port, chief first) reports to worker 0, which
-    answers each once all came (`distenv.preflight.meet`: a star on worker 0 that holds no
-    connection per worker, at the pre-flight's own port, `distenv.preflight.port`, unless
+    answers each once all came (`distenv.bringup.preflight.meet`: a star on worker 0 that holds no
+    connection per worker, at the pre-flight's own port, `distenv.bringup.preflight.port`, unless
     `port` is given). Returns the seconds it took. Raises `DistEnvError` naming the workers
     that never came when `timeout` (default DISTENV_TIMEOUT, else 180 s) passes, on worker 0
     and on every worker that came; naming worker 0's address on a worker that cannot reach it.
@@ -49,7 +50,7 @@ def _own_port_free(workers: "Sequence[str]", index: int, src: "Mapping[str, str]
     """This worker's TensorFlow port is about to be bound by its server: taken here already
     (another job's worker, blocks derived alike), TensorFlow would fail or reach that job.
     Checked where it can be, on the worker itself, before any other worker waits for it."""
-    from ..ports import bindable, free
+    from ..core.ports import bindable, free
 
     raw = workers[index].rpartition(":")[2]
     if not raw.isdigit() or bindable(int(raw)):

@@ -7,10 +7,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..sources import source_of
-from ..resolver import resolved
+from ..core.resolver import resolved
 from .cluster import CHIEFS, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
 from .preflight import rendezvous
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
 
 
 class TooLateError(RuntimeError):
@@ -60,7 +60,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     """What `strategy()` would do here, without importing TensorFlow (`Plan`)."""
     d, src = resolved(env, environ)
     cuda, cuda_why = gpu_assignment(d, src)
-    from ..gpus import visible_gpus
+    from ..core.gpus import visible_gpus
 
     gpus = visible_gpus(src)[0] if cuda is None else len(cuda.split(","))
     single = not src.get("TF_CONFIG") and (

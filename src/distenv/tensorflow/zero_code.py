@@ -9,7 +9,7 @@ import os
 import sys
 
 from .. import knobs
-from ..description import PER_NODE
+from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..sources import source_of
 from .cluster import _environ, task_index, tf_config, training_workers
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import MutableMapping
     from typing import Any
 
-    from ..description import DistEnv
+    from ..core.description import DistEnv
 
 log = logging.getLogger("distenv.tensorflow")
 
@@ -55,8 +55,8 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[st
     gives way to a TF_CONFIG the script sets itself before building the strategy. Returns
     ``{"env", "tf_config", "written", "threads", "problem"}``.
     """
-    from ..gpus import visible_gpus
-    from ..resolver import resolve
+    from ..core.gpus import visible_gpus
+    from ..core.resolver import resolve
 
     # _environ gives back `environ` itself (or os.environ), typed as a read-only Mapping: written below
     src: "MutableMapping[str, str]" = _environ(environ)  # type: ignore[assignment]

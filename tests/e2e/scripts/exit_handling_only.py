@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Run a script as __main__ with only distenv's exit handling on (distenv._teardown), nothing else
+"""Run a script as __main__ with only distenv's exit handling on (distenv.bringup.teardown), nothing else
 of distenv: no resolution, no export, no patch.
 
     python exit_handling_only.py SCRIPT [ARGS ...]
@@ -13,7 +13,7 @@ reference, not on distenv. This keeps the reference's training untouched and let
 import runpy
 import sys
 
-from distenv import _teardown
+from distenv.bringup import teardown as _teardown
 
 _teardown.register()
 script = sys.argv[1]

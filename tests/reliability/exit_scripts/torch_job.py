@@ -12,7 +12,7 @@ Each rank prints ``DISTENV-PROBE {"rank", "world_size", "sum", "ranks"}``. Witho
 ``destroy``, no destroy_process_group(): ending the group in order at exit is what is under
 test. With it, the shape of the Transformers example (the Trainer's DDP model freed after the
 script's own destroy): the last reference to the group goes on the main thread, which
-deadlocked against a late gloo worker (see distenv._teardown).
+deadlocked against a late gloo worker (see distenv.bringup.teardown).
 """
 import json
 import sys

@@ -1,7 +1,7 @@
 """The resolver on horovodrun's Gloo-mode environment (src/distenv/sources/horovodrun.py)."""
 
 from distenv import resolve
-from distenv.ports import port_for
+from distenv.core.ports import port_for
 
 
 def test_horovodrun_gloo():

@@ -4,7 +4,7 @@ tasks, and the batch script or allocation that is not one; recorded ones: test_r
 import pytest
 
 from distenv import DistEnvError, resolve
-from distenv.ports import port_for
+from distenv.core.ports import port_for
 from envs import slurm_task
 
 
@@ -84,7 +84,7 @@ def test_an_arbitrary_step_without_a_plugin_names_the_plugins_that_place_it():
     import json
     import os
 
-    from distenv.description import DECLINED
+    from distenv.core.description import DECLINED
     from distenv.discovery import complete
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "launchers",

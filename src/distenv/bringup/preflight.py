@@ -37,8 +37,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from . import knobs
-from .errors import DistEnvError
+from .. import knobs
+from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from .description import DistEnv
+    from ..core.description import DistEnv
 
 #: The first word of every hello (then the key, the process's index, its host and pid).
 PROTOCOL = "distenv-preflight/1"
@@ -112,7 +112,7 @@ def port(env: "DistEnv", host: "str | None" = None, environ: "Mapping[str, str] 
     the core's side-port rule (`distenv.knobs.side_port`): the same on every process, different
     across concurrent jobs, never the master port. `host`: process 0's host (default: the master
     address)."""
-    from .knobs import side_port
+    from ..knobs import side_port
 
     return side_port(env, "preflight", environ, PORT_VAR, given, addr=host)
 
@@ -154,7 +154,7 @@ def descriptors(need: int = 0) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     except (ValueError, OSError):
         return soft
-    from .log import get_logger
+    from ..log import get_logger
 
     get_logger(__name__).debug("descriptor limit raised from %d to %d (%d needed)", soft, new, need)
     return int(new)
@@ -175,7 +175,7 @@ def _plural(noun: str) -> str:
 
 
 def _where(m: Meeting) -> str:
-    from .knobs import address
+    from ..knobs import address
 
     return address(m.host, m.port) + (f" ({m.address_from})" if m.address_from else "")
 
@@ -647,7 +647,7 @@ def _absent(store: "Any", prefix: str, size: int, limit: int) -> "list[int]":
 
 
 def _log_progress(m: Meeting, t0: float, came: int, missing: "list[int]") -> None:
-    from .log import get_logger
+    from ..log import get_logger
 
     get_logger(m.who).info(
         "%d of %d %ss joined; waiting for %s (%d s so far; gives up after %d s, DISTENV_TIMEOUT)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .fields import DECLINED, PER_NODE
-from .errors import DistEnvError
+from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
                         + reason.rstrip("."))
         fixes.append(fix.rstrip(".") or "set MASTER_ADDR=<rank 0's host> for every rank")
     elif "MASTER_ADDR" in names:
-        from .sources import source_of
+        from ..sources import source_of
 
         source = source_of(env.launcher)
         passed = source.passes_on("MASTER_ADDR", "<host>")

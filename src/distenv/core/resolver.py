@@ -6,9 +6,9 @@ Order of work:
 3. apply explicit keyword arguments (they win over everything);
 4. settle per-node launches (how many workers per node);
 5. derive what follows for certain (one node -> node rank 0, loopback master, ...);
-6. pick the master port by the documented rule (`distenv.ports`);
+6. pick the master port by the documented rule (`distenv.core.ports`);
 7. cross-check canonical variables (a stale RANK is an error, not a choice) and invariants;
-8. record where every rank runs when the launch proves it (`distenv.placement`).
+8. record where every rank runs when the launch proves it (`distenv.core.placement`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import os
 from . import ports
 from .description import (DEFAULT, DERIVED, FIELDS, GIVEN, PER_NODE, PER_PROCESS, UNKNOWN, DistEnv, Note,
                           Why, _build)
-from .errors import DistEnvError
-from .knobs import LAUNCHER, NPROC_PER_NODE
+from ..errors import DistEnvError
+from ..knobs import LAUNCHER, NPROC_PER_NODE
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
-from .sources import LAUNCHERS, NONE, PLATFORMS, find, names
+from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from .reading import Env
-    from .sources import Source
+    from ..sources import Source
 
 OVERRIDABLE = frozenset(FIELDS) - {"launch"}
 LOOPBACK = "127.0.0.1"
@@ -442,10 +442,10 @@ def _master(env: "Env", r: Reading, source: "Source", overrides: "dict[str, Any]
     if v.get("master_port") is None:
         if r.port_key:
             r.set("master_port", ports.port_for(r.port_key),
-                  Why(f"derived from the job id ({r.port_key}); see distenv.ports", DERIVED))
+                  Why(f"derived from the job id ({r.port_key}); see distenv.core.ports", DERIVED))
         elif v.get("world_size") == 1 and r.launch == PER_PROCESS:
             r.set("master_port", ports.port_for(f"pid:{os.getpid()}"),
-                  "derived from the process id (a single process); see distenv.ports")
+                  "derived from the process id (a single process); see distenv.core.ports")
         else:
             r.set("master_port", ports.TORCH_DEFAULT,
                   Why("torch's default (no job id to derive one from)", DEFAULT))

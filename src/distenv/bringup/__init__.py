@@ -17,7 +17,7 @@ framework's own calls.
    torchrun `distenv run` starts), when distenv derived the port, check it is free here
    (`port_is_free`): a port another job holds would make the ranks meet that job, or fail
    with torch's bare "address already in use";
-6. register the orderly end of a torch process group at exit (`distenv._teardown`).
+6. register the orderly end of a torch process group at exit (`distenv.bringup.teardown`).
 
 Standard library only; what a framework does next is its adapter's.
 """
@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .description import DEFAULT, DERIVED, GIVEN, PER_NODE, DistEnv, kind_of
-from .errors import DistEnvError
+from ..core.description import DEFAULT, DERIVED, GIVEN, PER_NODE, DistEnv, kind_of
+from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def completed(env: DistEnv, *, nodes: bool = False, need: "tuple[str, ...] | Non
         # launch places rank 0 -- its own placement, else the service's (asked for it)
         placed = env.rank_hosts
         if placed is not None:
-            from .discovery.apply import not_rank_0s
+            from ..discovery.apply import not_rank_0s
 
             not_rank_0s(env, placed[0], set(placed), f"the launch's placement: "
                                                      f"{env.provenance.get('rank_hosts')}")
@@ -105,13 +105,13 @@ def completed(env: DistEnv, *, nodes: bool = False, need: "tuple[str, ...] | Non
         # torch's 29500 and meet the others' stores. The launcher's service knows the job
         # (its key-value space, per mpiexec) and rank 0 publishes a port it found free:
         # discovery's answer gives the job its own (distenv.discovery.apply).
-        from .sources import source_of
+        from ..sources import source_of
 
         if source_of(env.launcher).services:
             need = (*need, "rank_hosts")
     if not env.is_distributed or all(getattr(env, f) is not None for f in need):
         return env  # nothing to ask (and distenv.discovery not even imported)
-    from .discovery import complete
+    from ..discovery import complete
 
     return complete(env, need=need, timeout=timeout)
 
@@ -122,7 +122,7 @@ def _when(policy: str, env: DistEnv) -> bool:
     if policy == NEVER or not env.is_distributed:
         return False
     if policy == ZERO_CODE:
-        from .sources import adapter_acts
+        from ..sources import adapter_acts
 
         return adapter_acts(env.launcher, "torch")
     return True
@@ -146,12 +146,12 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     False where the caller may still change the port (`distenv run` picks a free one for a
     one-node job without a job id) and checks it itself (`port_is_free`).
     """
-    from .knobs import unknown
-    from .resolver import resolve
+    from ..knobs import unknown
+    from ..core.resolver import resolve
 
     env = resolve(environ, **dict(overrides or {}))
     if environ is None and unknown():  # a misspelled DISTENV_* name: one warning, from rank 0
-        from .log import warn_unknown_knobs
+        from ..log import warn_unknown_knobs
 
         warn_unknown_knobs(rank=env.process_index)
     if per_node == REFUSE and env.launch == PER_NODE:
@@ -166,9 +166,9 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
             target = environ if _writable(environ) else os.environ  # type: ignore[assignment]
         env.export(target, overwrite=overwrite)
     if _when(teardown, env):
-        from . import _teardown
+        from . import teardown as _teardown
 
-        # torch's gloo threads can abort or hang a finished job at exit (distenv._teardown)
+        # torch's gloo threads can abort or hang a finished job at exit (distenv.bringup.teardown)
         _teardown.register()
     return env
 
@@ -193,7 +193,7 @@ def port_is_free(env: DistEnv) -> None:
     if dist is not None and getattr(dist, "is_available", lambda: False)() and dist.is_initialized():
         return
     _checked.add(port)
-    from .ports import bindable, free
+    from ..core.ports import bindable, free
 
     if bindable(port):
         return

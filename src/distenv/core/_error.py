@@ -1,7 +1,7 @@
 """`DistEnvError` itself: the floor of the package, importing nothing of it.
 
 Its public home is `distenv.errors`, which re-exports it beside how an uncaught one ends a
-process; the modules that one reads the knobs through (`distenv.knobs`, `distenv.reading`)
+process; the modules that one reads the knobs through (`distenv.knobs`, `distenv.core.reading`)
 import it from here, so that `distenv.errors` may read the knobs without an import circle.
 """
 

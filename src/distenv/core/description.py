@@ -47,7 +47,7 @@ class Note(str):
     """A note, and the field(s) it is about (`about`): a note about fields a service later
     fills (a world size, a port, rank 0's host) is dropped by looking at `about`, never at its
     text. `kind` UNKNOWN marks the resolver's one note that lists every unknown field
-    (`distenv.resolver.unknown_note`), which is rebuilt when some of them get known."""
+    (`distenv.core.resolver.unknown_note`), which is rebuilt when some of them get known."""
 
     __slots__ = ("about", "kind")
     about: "tuple[str, ...]"
@@ -83,7 +83,7 @@ def about(note: str) -> "tuple[str, ...]":
 
 
 class Later:
-    """A field's value computed on first access (`distenv.placement` records the host of
+    """A field's value computed on first access (`distenv.core.placement` records the host of
     every rank this way: thousands of entries nobody may ask for). ``fn(*args)`` returns
     ``(value, why)``; a `why` (a string) replaces the field's provenance."""
 
@@ -237,7 +237,7 @@ class DistEnv:
 
     def export(self, environ: "MutableMapping[str, str] | None" = None,
                overwrite: bool = False) -> "dict[str, str]":
-        """Write the canonical torch variables; see `distenv.export.export`."""
+        """Write the canonical torch variables; see `distenv.core.export.export`."""
         from .export import export
 
         return export(self, environ, overwrite=overwrite)
@@ -245,7 +245,7 @@ class DistEnv:
     def checked(self) -> "Checked":
         """This description with rank, world_size, local_rank (int), master_addr (str) and
         master_port (int) known -- typed without None -- or a `DistEnvError` naming every unknown
-        one and what to set. See `distenv.checked`."""
+        one and what to set. See `distenv.core.checked`."""
         from .checked import Checked
 
         return Checked(self)
@@ -293,7 +293,7 @@ def _rank_hosts(self: DistEnv) -> Any:
 
 setattr(DistEnv, "rank_hosts", property(_rank_hosts, doc=(
     "The host of every global rank (index = rank) where the launch proves it, else None "
-    "(see distenv.placement).")))
+    "(see distenv.core.placement).")))
 
 _SET_VALUES = DistEnv.__dict__["_values"].__set__
 _SET_PROVENANCE = DistEnv.__dict__["provenance"].__set__

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from . import knobs
+from .. import knobs
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def device_index(d: "DistEnv", count: int, env: "Mapping[str, str]", instead: st
     `one_device` for the frameworks that pin one device per process (torch, Horovod). More
     local processes than devices with nothing narrowed is an error, never two processes on one
     GPU (NCCL refuses a duplicate GPU); `instead` ends its Fix (the framework's CPU way out)."""
-    from .errors import DistEnvError
+    from ..errors import DistEnvError
 
     got = one_device(d, count, env)
     if got.kind == UNKNOWN:

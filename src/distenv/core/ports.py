@@ -47,7 +47,7 @@ def port_for(key: str) -> int:
 
 
 def free(start: int, tries: int = 64) -> "int | None":
-    """The first port from `start` (wrapping within distenv.ports' range, 20000-29999, below
+    """The first port from `start` (wrapping within distenv.core.ports' range, 20000-29999, below
     the kernel's ephemeral ports) that this host lets a new listening socket bind, as
     torch's store binds it (SO_REUSEADDR, every address); None if `tries` ports are taken.
     A bind and a close: microseconds. Free now is not reserved: a program binding it before

@@ -44,7 +44,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from .description import Later
-from .errors import DistEnvError
+from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from .description import DistEnv
     from .reading import Env
-    from .sources import Source
+    from ..sources import Source
 
 # -- host files (DISTENV_HOSTFILE) ----------------------------------------------------------
 def parse_hostfile(text: str, name: str = "host file") -> "tuple[list[str], list[int | None]]":

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from .fields import FIELDS, PER_NODE
-from .knobs import HOSTFILE, NPROC_PER_NODE
-from .errors import DistEnvError
+from ..knobs import HOSTFILE, NPROC_PER_NODE
+from ..errors import DistEnvError
 
 if TYPE_CHECKING:
     from .description import DistEnv

@@ -62,7 +62,7 @@ _registered = False
 
 
 def _off() -> bool:
-    from .knobs import TEARDOWN
+    from ..knobs import TEARDOWN
 
     return not TEARDOWN.value()
 

@@ -8,7 +8,7 @@ credentials in URLs (``https://user:pass@host``), secret query parameters (``?si
 well-known token formats (Hugging Face ``hf_...``, GitHub ``ghp_...``, AWS access key ids,
 JSON web tokens, ...).
 
-    >>> from distenv.redact import redact_value, redact_text
+    >>> from distenv.core.redact import redact_value, redact_text
     >>> redact_value("HF_TOKEN", "hf_abc")
     '<redacted>'
     >>> redact_text("MASTER_ADDR='https://me:pw@host' is not a host name")
