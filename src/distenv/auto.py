@@ -82,7 +82,7 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     global env
     if _finder is not None:
         return env
-    from .bringup import ALLOW, DISTRIBUTED, ZERO_CODE, bring_up
+    from .bringup import bring_up
 
     target: "MutableMapping[str, str]" = os.environ if environ is None else environ
     before = {name: target.get(name) for name in _EXPORTED_NAMES}
@@ -91,8 +91,7 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     # asking) and export torch's variables where the launch's source lets torch act (a TPU
     # pod's hosts are not torch-xla's ranks, Source.adapters); whoever starts the process group
     # (the script, Accelerate, Lightning), it ends in order at exit (distenv.bringup.teardown).
-    found = bring_up("auto", environ=environ, target=target, per_node=ALLOW, export=ZERO_CODE,
-                     teardown=DISTRIBUTED)
+    found = bring_up("auto", environ=environ, target=target)
     if not found.is_distributed:
         if environ is None and found.launcher == "none" and found.launch != PER_NODE:
             _offer_one_process(found)

@@ -45,13 +45,13 @@ def prepare(environ: "MutableMapping[str, str] | None" = None, *, overwrite: boo
     Raises `DistEnvError` naming the fix when the launch is per-node (its workers are still
     to be started) or one of the five cannot be known. Returns the resolved `DistEnv`.
     """
-    from .bringup import DISTRIBUTED, bring_up
+    from .bringup import bring_up
 
     target = os.environ if environ is None else environ
     # DeepSpeed never ends its process group, and its engine holds it to the end: bring_up
     # registers an orderly end at exit in a distributed launch (distenv.bringup.teardown).
     env = bring_up("deepspeed", environ=environ, overrides=overrides, target=target,
-                   overwrite=overwrite, teardown=DISTRIBUTED)
+                   overwrite=overwrite)
     missing = [name for name in REQUIRED if not target.get(name)]
     if missing:
         raise DistEnvError(

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from . import knobs
 from .bringup import preflight
-from .bringup import NEVER, bring_up, per_node_message
-from .core.description import PER_NODE, DistEnv
+from .bringup import bring_up, refuse
+from .core.description import DistEnv
 from .errors import DistEnvError, install_excepthook
 from .core.resolver import resolved
 from .sources import source_of
@@ -72,8 +72,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
          environ: "Mapping[str, str] | None" = None, controller: "str | None" = None) -> Plan:
     """What `init()` will do, without Horovod (`Plan`)."""
     d, src = resolved(env, environ)
-    if d.launch == PER_NODE:
-        raise DistEnvError(per_node_message(d, "horovod"))
+    refuse(d, "horovod")  # a description given to plan() came without the bring-up
     # controller= is checked as the variable is, by the knob's parser
     wanted = (knobs.HOROVOD_CONTROLLER.parse(controller, "controller") if controller
               else knobs.HOROVOD_CONTROLLER.value(src))
@@ -194,7 +193,7 @@ def init(framework: "str | None" = None, *, env: "DistEnv | Mapping[str, str] | 
     if env is None:
         # MPICH/Intel MPI across nodes: master, node rank and count from the launcher's
         # key-value service (Horovod's MPI_Init still works after it: measured with mpi4py).
-        env = bring_up("horovod", nodes=True, timeout=wait, export=NEVER, teardown=NEVER)
+        env = bring_up("horovod", timeout=wait)
     p = plan(env, controller=controller)
     d = p.env
     for name, value in p.environ.items():

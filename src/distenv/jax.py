@@ -212,20 +212,20 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
          ) -> Plan:
     """What `initialize()` would give `jax.distributed.initialize`, without JAX (pure unless
     `discover`: then what the launch leaves unknown comes from the launcher's service,
-    `distenv.bringup.completed`). Explicit values win; JAX_COORDINATOR_ADDRESS counts as
+    `distenv.bringup.bring_up`). Explicit values win; JAX_COORDINATOR_ADDRESS counts as
     explicit (JAX itself reads it)."""
     d, src = resolved(env, environ)
     why: "dict[str, str]" = {}
     seconds, why["timeout"] = timeouts(src, timeout)
     if discover:
-        from .bringup import completed, needs
+        from .bringup import bring_up, needs
 
         given = {"master_addr": coordinator_address is not None or bool(src.get("JAX_COORDINATOR_ADDRESS")),
                  "world_size": num_processes is not None, "num_nodes": num_processes is not None,
                  "node_rank": process_id is not None}
-        need = tuple(f for f in needs(d) if not given[f])
-        if need:  # MPICH, Intel MPI across nodes; collective: every process asks
-            d = completed(d, need=need, timeout=seconds)
+        # The one way up; what the launch leaves unknown (MPICH, Intel MPI across nodes) comes
+        # from the launcher's service -- collective: every process asks.
+        d = bring_up("jax", env=d, need=tuple(f for f in needs(d) if not given[f]), timeout=seconds)
     count, index, how = processes(d)
     if num_processes is None:
         num_processes, why["num_processes"] = count, how

@@ -42,7 +42,7 @@ import os
 import sys
 
 from . import resolve
-from .bringup import ALLOW, ALWAYS, NEVER, bring_up
+from .bringup import ALWAYS, NEVER, bring_up
 from .core.description import PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError, install_excepthook
 
@@ -138,8 +138,7 @@ def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]",
     started from a per-node process is described by the ``lightning`` source
     (`distenv.sources.lightning_node`) from the node's hand-off."""
     _refuse_if_elsewhere(environ, overrides)
-    return bring_up("lightning", environ=environ, overrides=overrides, per_node=ALLOW, nodes=True,
-                    export=NEVER, teardown=teardown)
+    return bring_up("lightning", environ=environ, overrides=overrides, teardown=teardown)
 
 
 def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":

@@ -244,7 +244,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     child = dict(os.environ if environ is None else environ)
     if opts["nproc_per_node"] is not None:
         child[knobs.NPROC_PER_NODE] = opts["nproc_per_node"]
-    from .bringup import ALLOW, NEVER, bring_up, port_is_free
+    from .bringup import bring_up, port_is_free
 
     # `discover` (main): what the launch leaves unknown comes from the launcher's service; the
     # command then gets the answer (exec keeps the pid: the services' `inherited`), so neither
@@ -253,8 +253,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     try:
         # every node fact, not only the master: the command it execs (a Lightning script,
         # say) may need them, and gets this process's answer (`handoffs`) instead of asking
-        env = bring_up("run", environ=child, per_node=ALLOW, complete=discover and environ is None,
-                       nodes=True, export=NEVER, teardown=NEVER, check_port=False)
+        env = bring_up("run", environ=child, complete=discover and environ is None)
     except DistEnvError as exc:
         if opts["nproc_per_node"] is not None:
             raise DistEnvError(as_flag(str(exc), opts["nproc_per_node"])) from None

@@ -67,12 +67,11 @@ def patch(*, argv: "list[str] | None" = None, overwrite: bool = False, **overrid
     Returns the resolved `DistEnv`. Calling it again re-checks and changes nothing more.
     """
     global _env
-    from .bringup import DISTRIBUTED, bring_up
+    from .bringup import bring_up
 
     # Accelerate never ends its process group: bring_up registers an orderly end at exit
     # (distenv.bringup.teardown) in a distributed launch, where it also exports the torch variables.
-    env = bring_up("transformers", overrides=overrides, export=DISTRIBUTED, overwrite=overwrite,
-                   teardown=DISTRIBUTED)
+    env = bring_up("transformers", overrides=overrides, overwrite=overwrite)
     fix_local_rank_argv(env, sys.argv if argv is None else argv)
     _env = env
     state_cls = _accelerate_partial_state()

@@ -100,6 +100,14 @@ def test_openmpi_two_nodes_gathering_hosts_with_mpi4py(request, tf_python):
     fit_under(request, tf_python, "openmpi4-2nodes", {"DISTENV_GATHER": "mpi4py"})
 
 
+@pytest.mark.parametrize("name", ["openmpi4-2nodes", "mpich4-2nodes"])
+def test_two_nodes_hosts_from_the_launchers_service(request, tf_python, name):
+    """Nothing set: the launcher's own service (Open MPI's PMIx server, MPICH's PMI-1) gives
+    every worker's host when strategy() builds the cluster."""
+    run = fit_under(request, tf_python, name)
+    assert run.elapsed < 170, run.explain()
+
+
 def test_srun_two_nodes(request, tf_python):
     """SLURM's node list (node1, node2) gives each worker's host; no gathering needed."""
     fit_under(request, tf_python, "slurm-2nodes")

@@ -154,13 +154,27 @@ def test_srun_two_nodes(request, tf_python):
 
 
 @pytest.mark.cluster
+def test_openmpi_two_nodes_with_nothing_set(request, tf_python):
+    """Open MPI's variables do not say which host runs each rank; its PMIx server does: asked
+    when the script builds MultiWorkerMirroredStrategy() (not when it imports TensorFlow),
+    every worker's host from it, nothing set by hand (the next test: without the service,
+    the same job stops)."""
+    run = fit_plain(request, tf_python, "openmpi4-2nodes")
+    assert sorted(r["task_id"] for r in run.records) == [0, 1]
+    for r in run.records:
+        assert "distenv.discovery.pmix" in r["distenv_modules"], r["distenv_modules"]
+
+
+@pytest.mark.cluster
 def test_openmpi_two_nodes_without_hosts_stops_at_the_strategy(request, tf_python):
-    """Open MPI does not say which host runs each rank: no guess, a DistEnvError at
-    MultiWorkerMirroredStrategy() naming DISTENV_HOSTFILE (and mpirun -x), on both ranks."""
+    """Open MPI's PMIx server not asked (DISTENV_PMIX=0) and no host file: no guess, a
+    DistEnvError at MultiWorkerMirroredStrategy() naming DISTENV_HOSTFILE (and mpirun -x), on
+    both ranks."""
     lay = S.layout("openmpi4-2nodes")
     S.need(request, lay)
     # DISTENV_TRACEBACK=1: the traceback shows where it was raised (else the one line)
-    run, out = run_script(lay, tf_python, PLAIN, {**AUTO, "DISTENV_TRACEBACK": "1"}, timeout=200)
+    run, out = run_script(lay, tf_python, PLAIN, {**AUTO, "DISTENV_TRACEBACK": "1", "DISTENV_PMIX": "0"},
+                          timeout=200)
     err = stopped(run, "DistEnvError: cannot build TF_CONFIG: openmpi runs 2 worker(s) on 2 node(s)")
     assert "DISTENV_HOSTFILE" in err and "mpirun -x DISTENV_HOSTFILE" in err
     assert "MultiWorkerMirroredStrategy()" in err  # raised where the script builds it

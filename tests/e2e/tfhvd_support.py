@@ -65,8 +65,8 @@ def venv_python(name: str, modules) -> str:
 
 
 def layout(name: str) -> Layout:
-    """Two workers. openmpi4 (this host), openmpi4-2nodes (node1 + node2 through the fake
-    ssh), slurm (one-node srun), slurm-2nodes (srun -N2), torchrun (--standalone)."""
+    """Two workers. openmpi4 (this host), openmpi4-2nodes and mpich4-2nodes (node1 + node2
+    through the fake ssh), slurm (one-node srun), slurm-2nodes (srun -N2), torchrun (--standalone)."""
     if name == "openmpi4":
         return Layout("openmpi4", "np2", "local", 2, "openmpi", "openmpi", one_node("openmpi4", 2), ONE)
     if name == "openmpi4-2nodes":
@@ -74,6 +74,10 @@ def layout(name: str) -> Layout:
                       on_node1(OMPI4, "--allow-run-as-root", "-np", "2", "-H", "node1:1,node2:1",
                                "--mca", "plm_rsh_agent", FAKESSH, "--mca", "oob_tcp_if_include", NET,
                                "--mca", "btl_tcp_if_include", NET), NODES)
+    if name == "mpich4-2nodes":  # Hydra's variables place no rank: its PMI-1 service does
+        return Layout("mpich4", "1x2-nodes", "cluster", 2, "hydra", "mpich",
+                      on_node1(harness.MPICH4, "-np", "2", "-hosts", "node1:1,node2:1", "-launcher", "ssh",
+                               "-launcher-exec", FAKESSH), NODES)
     if name == "slurm":
         return Layout("slurm", "srun-n2", "slurm1", 2, "slurm", "slurm", plain("srun", "-n2"), ONE)
     if name == "slurm-2nodes":

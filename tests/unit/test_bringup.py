@@ -78,10 +78,37 @@ def test_the_adapters_refuse_in_those_words(monkeypatch, no_gpus):
         assert str(err.value) == bringup.per_node_message(env, name)
 
 
-def test_a_per_node_launch_is_allowed_where_the_framework_starts_its_workers(asked, registered):
-    env = bringup.bring_up("lightning", environ=PER_NODE, per_node=bringup.ALLOW,
-                           export=bringup.NEVER, teardown=bringup.NEVER)
+@pytest.mark.parametrize("framework", ["lightning", "jax", "tensorflow", "auto", "run"])
+def test_a_per_node_launch_is_allowed_where_the_framework_starts_its_workers(asked, registered, framework):
+    """Lightning and distenv run start a node's workers; one JAX process or TensorFlow worker
+    may own a node's devices; DISTENV_AUTO hands the node to whichever of them runs."""
+    env = bringup.bring_up(framework, environ=PER_NODE, export=bringup.NEVER, teardown=bringup.NEVER)
     assert env.launch == distenv.PER_NODE and asked == [] and registered == []
+
+
+def test_each_framework_goes_up_as_its_row_says(monkeypatch, asked, registered):
+    """The table is what happens: what is exported and when, whether the teardown is
+    registered, which fields are asked of the launcher's service."""
+    launch = ompi(1, 4, 1, 2)  # rank 1 of 4 under mpirun: rank 0's host and the nodes unknown
+    refused = []
+    for name, row in bringup.WAYS.items():
+        asked.clear()
+        registered.clear()
+        target: "dict[str, str]" = {}
+        if row.per_node == bringup.REFUSE:
+            with pytest.raises(DistEnvError) as err:
+                bringup.bring_up(name, environ=PER_NODE, target=target)
+            assert f"and {row.runs}. Fix: " in str(err.value) and str(err.value).endswith(
+                f"{row.others}, or launch one process per worker (e.g. mpirun -np <workers>) and unset "
+                "DISTENV_NPROC_PER_NODE."), name
+            refused.append(name)
+        bringup.bring_up(name, environ=launch, complete=True, target=target)
+        # distributed, and Open MPI lets torch's variables be written: all but NEVER act
+        assert bool(target) is (row.export != bringup.NEVER), name
+        assert bool(registered) is (row.teardown != bringup.NEVER), name
+        need = asked[-1][0]
+        assert need[:4 if row.nodes else 2] == bringup.needs(distenv.resolve(launch), nodes=row.nodes), name
+    assert sorted(refused) == ["deepspeed", "horovod", "torch", "transformers"]
 
 
 def test_needs():

@@ -18,6 +18,7 @@ import types
 
 import pytest
 
+import distenv
 import distenv.tensorflow as dtf
 from distenv import DistEnvError
 from envs import torchrun
@@ -200,6 +201,53 @@ def test_gpus_left_alone_when_torch_is_imported(fake_gpus, monkeypatch):
     kind, message, about_cluster = state["problem"]
     assert kind is DistEnvError and not about_cluster
     assert "torch is imported" in message and "CUDA_VISIBLE_DEVICES=2,3" in message
+
+
+@pytest.fixture
+def service(monkeypatch):
+    """distenv.discovery.complete stood in for (the real service: tests/e2e, Open MPI's PMIx
+    and MPICH's PMI-1 across the two namespace nodes): the fields asked, every rank placed."""
+    import distenv.discovery
+
+    asked = []
+
+    def complete(env, need=("master_addr",), timeout=None):
+        asked.append(tuple(need))
+        hosts = tuple("node1" if r < 2 else "node2" for r in range(env.world_size))
+        return env.replace(rank_hosts=hosts, master_addr="node1")
+
+    monkeypatch.setattr(distenv.discovery, "complete", complete)
+    return asked
+
+
+def test_the_service_gives_the_hosts_when_the_strategy_is_built_not_at_import(no_gpus, service):
+    """Open MPI across nodes: nothing asked when the script imports TensorFlow (patch_environ,
+    a torch job through TensorBoard asks nothing); asked with discover=True, as the wrapped
+    MultiWorkerMirroredStrategy() does: every rank's host, TF_CONFIG from it."""
+    env = mpi_two_nodes(2)
+    assert dtf.patch_environ(dict(env))["problem"] is not None and service == []
+    state = dtf.patch_environ(env, discover=True)
+    assert service == [("rank_hosts",)] and state["problem"] is None
+    config = json.loads(env["TF_CONFIG"])
+    hosts = [w.rsplit(":", 1)[0] for w in config["cluster"]["worker"]]
+    assert hosts == ["node1", "node1", "node2", "node2"] and config["task"]["index"] == 2
+
+
+@pytest.mark.parametrize("extra, asks", [
+    ({}, True),
+    ({"DISTENV_HOSTFILE": "/nonexistent"}, False),  # the user's host file (read later, not asked)
+    ({"DISTENV_GATHER": "mpi4py"}, False),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1", "c:1", "d:1"]},
+                               "task": {"type": "worker", "index": 2}})}, False),
+])
+def test_the_service_is_asked_only_for_hosts_nothing_else_gives(no_gpus, extra, asks):
+    from distenv.tensorflow.cluster import hosts_needed
+
+    env = {**mpi_two_nodes(2), **extra}
+    assert hosts_needed(distenv.resolve(env), env) == (("rank_hosts",) if asks else ())
+    for one_node in (recorded("openmpi4-np2", 1), recorded("cluster-srun-2x2", 1),
+                     one_per_node(1, DISTENV_NPROC_PER_NODE="2")):
+        assert hosts_needed(distenv.resolve(one_node), one_node) == ()  # placed, or one node, or per-node
 
 
 def test_per_node_launch_on_cpus_cannot_be_served(no_gpus):

@@ -41,21 +41,67 @@ REFUSE, ALLOW = "refuse", "allow"
 #: launch whose Source lets torch's variables be written, `Source.adapters`).
 ALWAYS, DISTRIBUTED, ZERO_CODE, NEVER = "always", "distributed", "zero-code", "never"
 
-#: framework -> (what it runs, who else starts its workers): the two words of the one refusal.
-WORKERS = {
-    "torch": ("torch.distributed runs one process per worker",
-              ", or let Lightning start them (Trainer(plugins=[distenv.lightning.DistenvEnvironment()], "
-              "**distenv.lightning.trainer_kwargs()))"),
-    "transformers": ("the Trainer runs one process per worker", ", or `accelerate launch`"),
-    "deepspeed": ("DeepSpeed runs one process per worker", ", or the `deepspeed` launcher"),
-    "horovod": ("Horovod runs one process per worker", ""),
+
+class Way:
+    """How one framework goes up: its row of differences, the only place they are written.
+
+    `runs`, `others`: the two words of the per-node refusal (what it runs, who else starts its
+    workers); `per_node`: REFUSE (one process per worker) or ALLOW; `nodes`: it needs the node
+    index and count too (`needs`); `export`, `teardown`: when (ALWAYS, DISTRIBUTED, ZERO_CODE,
+    NEVER); `check_port`: whether the bring-up checks that a derived master port is free on
+    rank 0 (`port_is_free`): not where rank 0 binds none (JAX, TensorFlow, Horovod meet on
+    ports of their own), nor where the caller may still change it and checks it itself
+    (`distenv run` picks a free one for a one-node job without a job id). (A plain class: `DISTENV_AUTO=1` imports this
+    module at interpreter start, and dataclasses would cost it milliseconds.)"""
+
+    __slots__ = ("runs", "others", "per_node", "nodes", "export", "teardown", "check_port")
+
+    def __init__(self, runs: str = "", others: str = "", per_node: str = ALLOW, *,
+                 nodes: bool = False, export: str = ALWAYS, teardown: str = ALWAYS,
+                 check_port: bool = True) -> None:
+        self.runs, self.others, self.per_node, self.nodes = runs, others, per_node, nodes
+        self.export, self.teardown, self.check_port = export, teardown, check_port
+
+
+_ONE_PER_WORKER = "runs one process per worker"
+#: Every framework and entry point that goes up, by the name it passes to `bring_up`.
+WAYS = {
+    "torch": Way(f"torch.distributed {_ONE_PER_WORKER}",
+                 ", or let Lightning start them (Trainer(plugins=[distenv.lightning.DistenvEnvironment()], "
+                 "**distenv.lightning.trainer_kwargs()))", REFUSE),
+    "transformers": Way(f"the Trainer {_ONE_PER_WORKER}", ", or `accelerate launch`", REFUSE,
+                        export=DISTRIBUTED, teardown=DISTRIBUTED),
+    "deepspeed": Way(f"DeepSpeed {_ONE_PER_WORKER}", ", or the `deepspeed` launcher", REFUSE,
+                     teardown=DISTRIBUTED),
+    "horovod": Way(f"Horovod {_ONE_PER_WORKER}", "", REFUSE, nodes=True, export=NEVER, teardown=NEVER,
+                   check_port=False),
+    # Lightning starts a per-node launch's workers itself; its plugin asks for the teardown
+    # when it is the one that starts the process group (`bring_up(teardown=ALWAYS)`).
+    "lightning": Way(nodes=True, export=NEVER, teardown=NEVER),
+    # One JAX process (TensorFlow worker) may own a node's devices: a per-node launch is theirs.
+    "jax": Way(export=NEVER, teardown=NEVER, check_port=False),
+    "tensorflow": Way(export=NEVER, teardown=NEVER, check_port=False),
+    "auto": Way(export=ZERO_CODE, teardown=DISTRIBUTED),
+    "run": Way(nodes=True, export=NEVER, teardown=NEVER, check_port=False),
 }
+
+
+def way(framework: str) -> Way:
+    """`framework`'s row (a name without one: one process per worker, everything done)."""
+    return WAYS.get(framework) or Way(f"{framework} {_ONE_PER_WORKER}", "", REFUSE)
+
+
+def refuse(env: DistEnv, framework: str) -> None:
+    """The one per-node refusal: a `DistEnvError` when `framework` runs one process per worker
+    and `env` is a per-node launch (pure: `plan()`s that take a description call it too)."""
+    if env.launch == PER_NODE and way(framework).per_node == REFUSE:
+        raise DistEnvError(per_node_message(env, framework))
 
 
 def per_node_message(env: DistEnv, framework: str = "torch") -> str:
     """Why a per-node launch cannot start `framework`, and the commands that would: the one
     wording of every adapter that needs one process per worker."""
-    runs, others = WORKERS.get(framework, (f"{framework} runs one process per worker", ""))
+    runs, others = way(framework).runs or f"{framework} {_ONE_PER_WORKER}", way(framework).others
     nproc = env.nproc_per_node if env.nproc_per_node is not None else "N"
     nodes = env.num_nodes if env.num_nodes is not None else "<nodes>"
     node = env.node_rank if env.node_rank is not None else "<node rank>"
@@ -129,43 +175,45 @@ def _when(policy: str, env: DistEnv) -> bool:
 
 
 def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
-             overrides: "Mapping[str, Any] | None" = None, per_node: str = REFUSE,
-             nodes: bool = False, need: "tuple[str, ...] | None" = None,
-             complete: "bool | None" = None, timeout: "float | None" = None,
-             export: str = ALWAYS, target: "MutableMapping[str, str] | None" = None,
-             overwrite: bool = False, teardown: str = ALWAYS, check_port: bool = True) -> DistEnv:
+             overrides: "Mapping[str, Any] | None" = None, env: "DistEnv | None" = None,
+             need: "tuple[str, ...] | None" = None, complete: "bool | None" = None,
+             timeout: "float | None" = None, target: "MutableMapping[str, str] | None" = None,
+             overwrite: bool = False, export: "str | None" = None,
+             teardown: "str | None" = None) -> DistEnv:
     """Resolve, refuse, complete, export and register the teardown for `framework` (the module
-    doc); returns the launch's description.
+    doc), as its row of `WAYS` says; returns the launch's description.
 
-    `environ`: the mapping to resolve (default os.environ); `overrides` go to `resolve`.
-    `per_node`: REFUSE or ALLOW. `nodes`, `need`, `timeout`: what `completed` asks for.
-    `complete`: ask the launcher's service (default: only when `environ` is None -- a mapping
-    passed in is not this process's own launch). `export`, `teardown`: ALWAYS, DISTRIBUTED,
-    ZERO_CODE or NEVER; the variables go to `target` (default `environ` when it is writable,
-    else os.environ), never overwriting a different value unless `overwrite`. `check_port`:
-    False where the caller may still change the port (`distenv run` picks a free one for a
-    one-node job without a job id) and checks it itself (`port_is_free`).
+    `environ`: the mapping to resolve (default os.environ); `overrides` go to `resolve`; `env`:
+    a description already resolved from it (a framework's `plan()` given one), taken as is.
+    `need`, `timeout`: what `completed` asks for (default `needs`). `complete`: ask the
+    launcher's service (default: only when `environ` is None -- a mapping passed in is not
+    this process's own launch). The variables go to `target` (default `environ` when it is
+    writable, else os.environ), never overwriting a different value unless `overwrite`.
+    `export`, `teardown`: this call's policy instead of the row's (Lightning's plugin, which
+    starts the process group, asks for the teardown).
     """
-    from ..knobs import unknown
-    from ..core.resolver import resolve
+    row = way(framework)
+    if env is None:
+        from ..core.resolver import resolve
 
-    env = resolve(environ, **dict(overrides or {}))
-    if environ is None and unknown():  # a misspelled DISTENV_* name: one warning, from rank 0
-        from ..log import warn_unknown_knobs
+        env = resolve(environ, **dict(overrides or {}))
+    if environ is None:
+        from ..knobs import unknown
 
-        warn_unknown_knobs(rank=env.process_index)
-    if per_node == REFUSE and env.launch == PER_NODE:
-        raise DistEnvError(per_node_message(env, framework))
+        if unknown():  # a misspelled DISTENV_* name: one warning, from rank 0
+            from ..log import warn_unknown_knobs
+
+            warn_unknown_knobs(rank=env.process_index)
+    refuse(env, framework)
     if environ is None if complete is None else complete:
-        env = completed(env, nodes=nodes, need=need, timeout=timeout)
-    if (environ is None if complete is None else complete) and framework not in OWN_PORTS \
-            and check_port:
-        port_is_free(env)
-    if _when(export, env):
+        env = completed(env, nodes=row.nodes, need=need, timeout=timeout)
+        if row.check_port:
+            port_is_free(env)
+    if _when(row.export if export is None else export, env):
         if target is None:
             target = environ if _writable(environ) else os.environ  # type: ignore[assignment]
         env.export(target, overwrite=overwrite)
-    if _when(teardown, env):
+    if _when(row.teardown if teardown is None else teardown, env):
         from . import teardown as _teardown
 
         # torch's gloo threads can abort or hang a finished job at exit (distenv.bringup.teardown)
@@ -173,8 +221,6 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     return env
 
 
-#: Frameworks whose rank 0 does not bind the master port (each meets on ports of its own).
-OWN_PORTS = ("jax", "tensorflow", "keras", "horovod")
 _checked: "set[int]" = set()
 
 
@@ -209,5 +255,5 @@ def _writable(environ: "Mapping[str, str] | None") -> bool:
     return environ is not None and hasattr(environ, "__setitem__")
 
 
-__all__ = ["bring_up", "completed", "needs", "per_node_message", "port_is_free", "REFUSE", "ALLOW", "ALWAYS",
-           "DISTRIBUTED", "ZERO_CODE", "NEVER", "WORKERS"]
+__all__ = ["bring_up", "completed", "needs", "per_node_message", "port_is_free", "refuse", "way", "Way",
+           "WAYS", "REFUSE", "ALLOW", "ALWAYS", "DISTRIBUTED", "ZERO_CODE", "NEVER"]

@@ -63,6 +63,19 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
     return _assemble(d, src, hosts, base_port)
 
 
+def hosts_needed(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None" = None,
+                 gather: "bool | str | None" = None) -> "tuple[str, ...]":
+    """What `tf_config` would lack that the launcher's own service can give: every rank's host
+    (("rank_hosts",)) in a launch across nodes (or of an unknown node count) whose variables do
+    not place its ranks, where no TF_CONFIG, platform cluster, host file or gathering gives
+    them; else (). A per-node launch's workers are its nodes: placed by the launch, or not."""
+    if not d.is_distributed or d.launch == PER_NODE or d.rank_hosts is not None or d.num_nodes == 1 \
+            or src.get("TF_CONFIG") or hostfile or knobs.hostfile(src) \
+            or (gather if gather is not None else knobs.gather(src)):
+        return ()
+    return () if source_of(d.launcher).tf_cluster else ("rank_hosts",)  # last: loads the source
+
+
 def _passthrough(raw: str, d: DistEnv) -> "dict[str, Any]":
     config = tfconfig.parse(raw)
     if family(d.launcher) != "tensorflow":  # TF_CONFIG is not the launch: check it agrees

@@ -11,7 +11,7 @@ from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..sources import source_of
 from ..core.resolver import resolved
-from .cluster import CHIEFS, task_index, tf_config, training_workers
+from .cluster import CHIEFS, hosts_needed, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR, gpu_assignment, thread_counts
 from .preflight import rendezvous
 
@@ -56,9 +56,20 @@ class Plan:
 
 
 def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
-         environ: "Mapping[str, str] | None" = None, **tf_config_kwargs: "Any") -> Plan:
-    """What `strategy()` would do here, without importing TensorFlow (`Plan`)."""
+         environ: "Mapping[str, str] | None" = None, discover: bool = False,
+         timeout: "float | None" = None, **tf_config_kwargs: "Any") -> Plan:
+    """What `strategy()` would do here, without importing TensorFlow (`Plan`). Pure unless
+    `discover`: then the launch goes up the one way (`distenv.bringup.bring_up`), and every
+    rank's host the launch leaves unknown (`hosts_needed`: MPI across nodes) comes from the
+    launcher's own service within `timeout` (default DISTENV_TIMEOUT) -- collective under
+    PMI-1: every worker asks."""
     d, src = resolved(env, environ)
+    if discover:
+        from .. import knobs
+        from ..bringup import bring_up
+
+        d = bring_up("tensorflow", env=d, timeout=knobs.timeout(src, timeout),
+                     need=hosts_needed(d, src, tf_config_kwargs.get("hostfile"), tf_config_kwargs.get("gather")))
     cuda, cuda_why = gpu_assignment(d, src)
     from ..core.gpus import visible_gpus
 
@@ -98,7 +109,7 @@ def strategy(env: "DistEnv | Mapping[str, str] | None" = None, *, communication:
     of the cores. `hostfile`, `gather`, `base_port`: see `tf_config`. Other keywords go to
     the strategy's constructor.
     """
-    p = plan(env, hostfile=hostfile, gather=gather, base_port=base_port)
+    p = plan(env, hostfile=hostfile, gather=gather, base_port=base_port, discover=True, timeout=timeout)
     d, kind = p.env, p.kind
     distributed = kind in ("multi_worker", "parameter_server")
     hooks = _hooks()

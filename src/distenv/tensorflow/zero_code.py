@@ -12,7 +12,7 @@ from .. import knobs
 from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..sources import source_of
-from .cluster import _environ, task_index, tf_config, training_workers
+from .cluster import _environ, hosts_needed, task_index, tf_config, training_workers
 from .devices import GPU_SLICE_VAR
 from .preflight import rendezvous
 from .strategies import TooLateError, _hooks, _too_late, plan
@@ -30,7 +30,8 @@ log = logging.getLogger("distenv.tensorflow")
 _patched: "dict[str, Any] | None" = None
 
 
-def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[str, Any]":
+def patch_environ(environ: "MutableMapping[str, str] | None" = None, discover: bool = False
+                  ) -> "dict[str, Any]":
     """The environment half of `patch()`, without TensorFlow: fix `environ` (default
     ``os.environ``) so that a plain ``tf.distribute.MultiWorkerMirroredStrategy()`` joins the
     launch, and say what could not be fixed.
@@ -52,7 +53,9 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[st
     ``problem`` (``(exception class, message, about the cluster)``), which `patch()` raises
     when the script builds a MultiWorkerMirroredStrategy -- a script that merely imports
     TensorFlow (a torch job through TensorBoard) is not broken. A problem about the cluster
-    gives way to a TF_CONFIG the script sets itself before building the strategy. Returns
+    gives way to a TF_CONFIG the script sets itself before building the strategy. With
+    `discover`, what the launch's variables leave unknown (every rank's host across MPI
+    nodes) is asked of the launcher's own service (`plan(discover=True)`). Returns
     ``{"env", "tf_config", "written", "threads", "problem"}``.
     """
     from ..core.gpus import visible_gpus
@@ -81,7 +84,7 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None) -> "dict[st
                 "per node."), True)
             return out
     try:
-        p = plan(d, environ=src)
+        p = plan(d, environ=src, discover=discover)
     except DistEnvError as exc:
         out["problem"] = (DistEnvError, str(exc), True)
         return out
@@ -128,9 +131,11 @@ def patch() -> "DistEnv | None":
     2. TensorFlow's thread pools sized from this process's share of the cores (as `strategy()`);
     3. ``tf.distribute.MultiWorkerMirroredStrategy.__init__`` (the experimental class calls
        it too) is wrapped, once (``_distenv_patched``, ``__wrapped__``): when the strategy is
-       built from TF_CONFIG (no cluster resolver, or a TFConfigClusterResolver) it first raises
-       what `patch_environ()` could not fix (hosts unknown across MPI nodes, a per-node launch
-       TensorFlow cannot serve, too late), checks the TF_CONFIG then in force against the
+       built from TF_CONFIG (no cluster resolver, or a TFConfigClusterResolver) it first asks
+       the launcher's own service for the hosts the variables leave unknown (MPI across
+       nodes: `patch_environ(discover=True)`, where communication starts anyway), then raises
+       what still could not be fixed (hosts nobody gave, a per-node launch TensorFlow cannot
+       serve, too late), checks the TF_CONFIG then in force against the
        launch, refuses Keras 3 (`keras_problem()`; opt out with DISTENV_ALLOW_KERAS3=1 for a
        custom strategy.run loop), and runs the pre-flight `rendezvous()` (once per process),
        so a missing worker is a clear error after DISTENV_TIMEOUT instead of a hang. A
@@ -202,8 +207,16 @@ def _before_mwms(resolver: "Any") -> None:
         own = sys.modules["tensorflow"].distribute.cluster_resolver.TFConfigClusterResolver
         if not isinstance(resolver, own):
             return  # the script (or strategy()) gave its own cluster
+    global _patched
     state = _patched or {}
     problem = state.get("problem")
+    if problem is not None and problem[2] and not os.environ.get("TF_CONFIG") \
+            and state.get("env") is not None and hosts_needed(state["env"], os.environ):
+        # Hosts the launch's variables leave unknown (MPI across nodes): asked of the launcher's
+        # own service now that the strategy is about to communicate (every worker builds it,
+        # as PMI-1's exchange needs), not when the script merely imported TensorFlow.
+        state = _patched = patch_environ(os.environ, discover=True)
+        problem = state["problem"]
     if problem is not None:
         kind, message, about_cluster = problem
         # A TF_CONFIG the script set itself since patch() is checked below instead.
