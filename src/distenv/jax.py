@@ -193,15 +193,9 @@ def timeouts(environ: "Mapping[str, str] | None" = None, timeout: "float | None"
     """(seconds every process waits for the others, why): `timeout`, else DISTENV_TIMEOUT,
     else 180 (`distenv.knobs.timeout`)."""
     src = os.environ if environ is None else environ
-    if timeout is not None:
-        if not float(timeout) > 0:
-            raise DistEnvError(f"timeout={timeout!r} is not a positive number of seconds. Fix: "
-                               f"give a number above 0, or leave it out ({knobs.TIMEOUT}, else "
-                               f"{knobs.DEFAULT_TIMEOUT:g}).")
-        return float(timeout), "given"
     raw = knobs.TIMEOUT.raw(src)
-    return knobs.timeout(src), (f"{knobs.TIMEOUT}={raw}" if raw
-                                else f"the default ({knobs.TIMEOUT} unset)")
+    return knobs.timeout(src, timeout), ("given" if timeout is not None else f"{knobs.TIMEOUT}={raw}"
+                                         if raw else f"the default ({knobs.TIMEOUT} unset)")
 
 
 def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,

@@ -347,11 +347,17 @@ DEFAULT_TIMEOUT: float = TIMEOUT.default  # type: ignore[assignment]
 
 
 def timeout(environ: "Mapping[str, str] | None" = None, given: "float | str | None" = None) -> float:
-    """Seconds to wait: `given` when not None, else DISTENV_TIMEOUT, else 180.
-
-    A DISTENV_TIMEOUT that is not a positive number is an error naming the variable."""
+    """Seconds to wait: `given` when not None, else DISTENV_TIMEOUT, else 180: the one wait
+    limit of every adapter. Either one that is not a positive number is an error naming it."""
     if given is not None:
-        return float(given)
+        try:
+            seconds_given = float(given)
+        except (TypeError, ValueError):
+            seconds_given = float("nan")
+        if not seconds_given > 0:  # nan too
+            raise DistEnvError(f"timeout={given!r} is not a positive number of seconds. Fix: give "
+                               f"a number above 0, or leave it out ({TIMEOUT}, else {DEFAULT_TIMEOUT:g}).")
+        return seconds_given
     seconds: float = TIMEOUT.value(environ)
     return seconds
 

@@ -109,6 +109,15 @@ def test_a_name_far_from_any_gets_no_guess():
     assert knobs.unknown({"SLURM_PROCID": "0", "DISTENV_AUTO": "1"}) == []
 
 
+@pytest.mark.parametrize("given", [0, -1, "abc", float("nan"), "0"])
+def test_a_timeout_given_to_any_adapter_is_checked_once(given):
+    """knobs.timeout is every adapter's wait limit: a value given in code that is not a positive
+    number is one error, whichever adapter got it (it used to be JAX's check only)."""
+    with pytest.raises(DistEnvError, match=r"timeout=.* is not a positive number of seconds\. Fix: "):
+        knobs.timeout({}, given)
+    assert knobs.timeout({"DISTENV_TIMEOUT": "5"}, 2.5) == 2.5 and knobs.timeout({"DISTENV_TIMEOUT": "5"}) == 5.0
+
+
 def test_parsers_and_defaults():
     assert knobs.TIMEOUT.value({}) == 180.0 and knobs.TIMEOUT.value({"DISTENV_TIMEOUT": " 7.5 "}) == 7.5
     with pytest.raises(DistEnvError, match="DISTENV_TIMEOUT='-1' is not a positive number"):
