@@ -391,3 +391,20 @@ def test_the_circle_finder_sees_lazy_imports_not_type_checking_ones():
 def test_no_import_circle():
     found = circles(_modules())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_nothing_outside_discovery_imports_its_internals():
+    """Discovery's clients and helpers (PMI-1, PMIx, the relay, apinfo, the holder, the
+    hand-off, the chain, services, apply) are reached only through `distenv.discovery` itself
+    (`complete`, `discover`, `handoffs`): their modules can change without touching anyone."""
+    modules = list(_modules())
+    names = {m for m, _, _ in modules}
+    found = set()
+    for name, text, is_package in modules:
+        if _under(name, ("distenv.discovery",)):
+            continue
+        for imported, taken in _submodules(imports(name, text, is_package), names):
+            target = _known_module(imported, names)
+            if _under(target, ("distenv.discovery",)) and target != "distenv.discovery":
+                found.add((name, target))
+    assert not found, sorted(found)

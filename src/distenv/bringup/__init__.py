@@ -139,7 +139,7 @@ def completed(env: DistEnv, *, nodes: bool = False, need: "tuple[str, ...] | Non
         # launch places rank 0 -- its own placement, else the service's (asked for it)
         placed = env.rank_hosts
         if placed is not None:
-            from ..discovery.apply import not_rank_0s
+            from ..core.placement import not_rank_0s
 
             not_rank_0s(env, placed[0], set(placed), f"the launch's placement: "
                                                      f"{env.provenance.get('rank_hosts')}")

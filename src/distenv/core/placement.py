@@ -48,7 +48,7 @@ from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from typing import Any
 
     from .description import DistEnv
@@ -243,3 +243,22 @@ def repeated(values: "dict[str, Any]", why: str) -> "tuple[Later, str] | None":
 
 def _repeat(hosts: "Sequence[str]", per: int) -> "tuple[tuple[str, ...], None]":
     return tuple(h for h in hosts for _ in range(per)), None
+
+
+# -- a master address set by hand --------------------------------------------------------------
+def not_rank_0s(env: DistEnv, first: str, hosts: "Iterable[str]", why: str) -> None:
+    """A master address the environment gave that names another host of the job than rank 0's
+    (`first`) is an error naming both: torch's store listens on rank 0's host, so every rank
+    would wait on a host where nothing listens (30 minutes, by torch's default). A name the
+    job's host list does not hold (an InfiniBand alias, an address) may be rank 0's host: it
+    cannot be proven wrong here."""
+    given = (env.master_addr or "").lower()
+    if given == first.lower() or given in ("127.0.0.1", "localhost", "::1"):
+        return
+    other = next((h for h in hosts if h.lower() == given), None)
+    if other is not None:
+        raise DistEnvError(
+            f"master_addr={env.master_addr} ({env.provenance.get('master_addr')}) is the host of "
+            f"other ranks, but rank 0 runs on {first} ({why}): every rank would wait for a store "
+            f"nobody starts there. Fix: unset MASTER_ADDR (distenv takes rank 0's host), or set "
+            f"it to {first}.")

@@ -12,11 +12,12 @@ A note about a field it fills is dropped (`Note.about`).
 from __future__ import annotations
 
 from ..core.description import DEFAULT, DERIVED, PER_NODE, UNKNOWN, DistEnv, about, kind_of, unsettled
+from ..core.placement import not_rank_0s
 from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 #: The fix of a contradiction between what the launcher says and what the ranks found.
@@ -174,24 +175,6 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
     else:
         not_rank_0s(env, names[0], counts, why)
     return with_values(env, changes, why)
-
-
-def not_rank_0s(env: DistEnv, first: str, hosts: "Iterable[str]", why: str) -> None:
-    """A master address the environment gave that names another host of the job than rank 0's
-    (`first`) is an error naming both: torch's store listens on rank 0's host, so every rank
-    would wait on a host where nothing listens (30 minutes, by torch's default). A name the
-    job's host list does not hold (an InfiniBand alias, an address) may be rank 0's host: it
-    cannot be proven wrong here."""
-    given = (env.master_addr or "").lower()
-    if given == first.lower() or given in ("127.0.0.1", "localhost", "::1"):
-        return
-    other = next((h for h in hosts if h.lower() == given), None)
-    if other is not None:
-        raise DistEnvError(
-            f"master_addr={env.master_addr} ({env.provenance.get('master_addr')}) is the host of "
-            f"other ranks, but rank 0 runs on {first} ({why}): every rank would wait for a store "
-            f"nobody starts there. Fix: unset MASTER_ADDR (distenv takes rank 0's host), or set "
-            f"it to {first}.")
 
 
 def per_node(env: DistEnv, ans: Answer) -> DistEnv:
