@@ -35,9 +35,10 @@ def _start() -> None:
     if _is_distenv_cli():
         return  # the command warns of unknown names itself (the doctor reports them)
     if unknown():  # a misspelled DISTENV_AUTO: the .pth line imports this module for it too
+        from .core.resolver import rank_if_known
         from .log import warn_unknown_knobs
 
-        warn_unknown_knobs()
+        warn_unknown_knobs(rank=rank_if_known())
     if not AUTO.value():
         return
     from .errors import DistEnvError

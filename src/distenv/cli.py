@@ -310,9 +310,10 @@ def main(argv: "Iterable[str] | None" = None) -> int:
         from .knobs import unknown
 
         if args.func is not _doctor and unknown():  # the doctor reports them in its findings
+            from .core.resolver import rank_if_known
             from .log import warn_unknown_knobs  # logging only then: it costs milliseconds
 
-            warn_unknown_knobs()
+            warn_unknown_knobs(rank=rank_if_known())
         code: int = args.func(args)  # a Namespace attribute is Any: _show, _export or _doctor
         return code
     except DistEnvError as exc:

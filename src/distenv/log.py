@@ -92,23 +92,15 @@ def get_logger(name: str = ROOT) -> logging.Logger:
 _warned = False
 
 
-def warn_unknown_knobs(environ: "Mapping[str, str] | None" = None,
-                       rank: "int | None | bool" = False) -> None:
+def warn_unknown_knobs(environ: "Mapping[str, str] | None" = None, rank: "int | None" = None) -> None:
     """A warning line (logger ``distenv.knobs``) for each ``DISTENV_*`` name in the environment
     distenv does not know, naming the nearest one it does; once per process, and only where
-    `rank` (default: this environment's, resolved) is 0 or unknown: one line per job, however
-    many ranks start."""
+    `rank` (this process's, from the caller: `distenv.core.resolver.rank_if_known`, a bring-up's
+    description) is 0 or unknown: one line per job, however many ranks start."""
     global _warned
     if _warned or not unknown(environ):
         return
     _warned = True
-    if rank is False:
-        from .core.resolver import resolve
-
-        try:
-            rank = resolve(environ).rank
-        except Exception:  # noqa: BLE001 - a launch distenv cannot describe: still say it
-            rank = None
     if rank not in (None, 0):
         return
     log = get_logger("knobs")

@@ -47,6 +47,19 @@ SHARED = (
     "distenv.sources.slurm",         # SLURM's task layout, re-exported as distenv.tensorflow.slurm_task_nodes
     "distenv.sources.tfconfig",      # TF_CONFIG's own rules (parse, workers, task rank): the TF adapter
 )
+#: The core's floors, lowest first (docs/architecture.md): a module imports -- at any time,
+#: inside functions too; `if TYPE_CHECKING:` never runs -- only from its own floor or lower ones.
+#: A name covers its submodules; "distenv" is the package's own __init__ (the public API).
+FLOORS = (
+    ("distenv.core", "distenv.core._error", "distenv.core.fields", "distenv.core.redact",
+     "distenv.core.reading", "distenv.core.hostlist", "distenv.core.ports"),     # words, parsers
+    ("distenv.knobs", "distenv.errors", "distenv.log"),                              # settings, errors
+    ("distenv.core.description", "distenv.core.checked", "distenv.core.export",       # the description
+     "distenv.core.gpus", "distenv.core.placement", "distenv.sources"),               # and the sources
+    ("distenv.core.resolver",),                                                       # resolve()
+    ("distenv.discovery",),                                                           # the services
+    ("distenv", "distenv.bringup"),                                                   # the API, the way up
+)
 #: Modules outside the standard library a core module may import (lazily), and where.
 CORE_EXTERNAL = {"distenv.discovery": {"mpi4py"}}
 #: Known violations, each with its fix. Strict: once fixed, the entry must go (the test fails).
@@ -408,3 +421,51 @@ def test_nothing_outside_discovery_imports_its_internals():
             if _under(target, ("distenv.discovery",)) and target != "distenv.discovery":
                 found.add((name, target))
     assert not found, sorted(found)
+
+
+def floor(name: str) -> "int | None":
+    """The floor of a core module (FLOORS), None for an adapter or a tool."""
+    found = None
+    for i, names in enumerate(FLOORS):
+        for n in names:
+            if name == n or (n not in ("distenv", "distenv.core") and name.startswith(n + ".")):
+                found = i
+    return found
+
+
+def upward(modules) -> "list[tuple[str, str]]":
+    """(importer, imported) for every run-time import from a core module to a higher floor."""
+    modules = list(modules)
+    names = {m for m, _, _ in modules}
+    out = []
+    for name, text, is_package in modules:
+        here = floor(name)
+        if here is None:
+            continue
+        for imported, _taken in _submodules(runtime_imports(name, text, is_package), names):
+            if imported.split(".")[0] != "distenv":
+                continue
+            target = _known_module(imported, names)
+            there = floor(target)
+            if there is not None and there > here:
+                out.append((name, target))
+    return out
+
+
+def test_every_core_module_has_a_floor():
+    core = [m for m, _, _ in _modules() if not _under(m, ADAPTERS) and not _under(m, TOOLS)]
+    assert [m for m in core if floor(m) is None] == []
+
+
+def test_no_core_module_imports_from_a_higher_floor():
+    """The log does not resolve a launch, the parsers raise the floor's error, the description's
+    convenience methods reach only their own floor: discovery included, no exemption."""
+    assert upward(_modules()) == []
+
+
+def test_the_floor_check_sees_a_lazy_upward_import():
+    fake = [("distenv.log", "def f():\n    from .core.resolver import resolve\n", False),
+            ("distenv.core.hostlist", "from ..errors import DistEnvError\n", False),
+            ("distenv.core.resolver", "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from ..discovery import x\n", False),
+            ("distenv.core.resolver", "", False), ("distenv.errors", "", False), ("distenv.discovery", "", True)]
+    assert upward(fake) == [("distenv.log", "distenv.core.resolver"), ("distenv.core.hostlist", "distenv.errors")]

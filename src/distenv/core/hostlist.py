@@ -37,7 +37,7 @@ expands to more than `MAX_HOSTS` hosts (or `MAX_CHARS` characters in all).
 
 from __future__ import annotations
 
-from ..errors import DistEnvError
+from ._error import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:

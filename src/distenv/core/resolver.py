@@ -100,6 +100,15 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     return _build(r.values, r.why, r.notes)
 
 
+def rank_if_known(environ: "Mapping[str, str] | None" = None) -> "int | None":
+    """This process's rank, or None where it is unknown or the launch cannot be described: for
+    a message that comes from rank 0 only, and from every process where that is unknown."""
+    try:
+        return resolve(environ).rank
+    except Exception:  # noqa: BLE001 - a launch distenv cannot describe: still say it
+        return None
+
+
 def _strings(env: "Mapping[str, Any]") -> "Mapping[str, str]":
     """A mapping given to resolve() whose values are all strings, as an environment's are:
     itself when they are; an int (not a bool) becomes its digits (``{"RANK": 0}`` means
