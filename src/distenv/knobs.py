@@ -32,7 +32,7 @@ import os
 
 from .core import ports
 from .core._error import DistEnvError
-from .core.reading import PORT_MAX, parse_port
+from .core.reading import PORT_MAX, parse_port, port_error
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -372,10 +372,13 @@ def side_port(env: "DistEnv", purpose: str, environ: "Mapping[str, str] | None" 
     master port when the range would hold it. `addr` defaults to the master address."""
     name = var or "port"
     last = PORT_MAX + 1 - width  # the first of `width` consecutive ports
-    if given is None and var is not None:
-        raw = _environ(environ).get(var)
-        if raw:
-            return parse_port(raw, var, last=last)
+    raw = _environ(environ).get(var) if given is None and var is not None else None
+    if var is not None and raw is not None and raw.strip():
+        # a DISTENV_* name through its knob's parser; a framework's own (JAX_COORDINATOR_PORT) as a port
+        port: int = var.value(environ) if isinstance(var, Knob) else parse_port(raw, var)
+        if port > last:  # a port, but not the first of `width` free ones
+            raise port_error(var, raw, last=last)
+        return port
     if given is not None:
         return parse_port(str(given), name, last=last)
     host = env.master_addr if addr is None else addr

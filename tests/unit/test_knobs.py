@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from distenv import DistEnvError, knobs
+from distenv import DistEnvError, knobs, resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "src", "distenv")
@@ -234,3 +234,20 @@ def test_the_doctor_command_exits_1_on_a_bad_knob_value():
                        text=True, env=env, timeout=60)
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "DISTENV_TIMEOUT='abc'" in p.stdout and "Fix: " in p.stdout, p.stdout
+
+
+def test_a_side_ports_variable_is_parsed_by_its_knob():
+    """DISTENV_TF_PORT (any side port's DISTENV_* name) goes through its knob: its parser's
+    words for a value that is no port, blank as unset; a port too high to start `width`
+    consecutive ones names that."""
+    env = resolve({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    with pytest.raises(DistEnvError) as err:
+        knobs.side_port(env, "tf", {"DISTENV_TF_PORT": "abc"}, knobs.TF_PORT)
+    with pytest.raises(DistEnvError) as by_knob:
+        knobs.TF_PORT.value({"DISTENV_TF_PORT": "abc"})
+    assert str(err.value) == str(by_knob.value)
+    assert knobs.side_port(env, "tf", {"DISTENV_TF_PORT": " "}, knobs.TF_PORT) == \
+        knobs.side_port(env, "tf", {}, knobs.TF_PORT)  # blank: unset, the derived port
+    assert knobs.side_port(env, "tf", {"DISTENV_TF_PORT": "65530"}, knobs.TF_PORT, width=6) == 65530
+    with pytest.raises(DistEnvError, match=r"DISTENV_TF_PORT='65531' cannot be the first of 6 TCP ports"):
+        knobs.side_port(env, "tf", {"DISTENV_TF_PORT": "65531"}, knobs.TF_PORT, width=6)
