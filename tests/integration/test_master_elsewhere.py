@@ -2,8 +2,8 @@
 namespace nodes: torch's store would listen on rank 0's host and every rank wait on the other
 (30 minutes by torch's default). At bring-up every rank refuses it in one line naming both,
 where the launch places rank 0 -- its own variables (SLURM's block layout) or the launcher's
-service (SLURM arbitrary, Open MPI 5, MPICH 4) -- and rank 0's own host, given by another
-name of it, passes."""
+service (SLURM arbitrary, Open MPI 5, MPICH 4) -- by the other host's name or its address (the
+names looked up); rank 0's own host, given by another name of it, passes."""
 from __future__ import annotations
 
 import pytest
@@ -35,7 +35,7 @@ def _records(lay, given):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_another_hosts_name_is_refused_on_every_rank_and_rank_0s_passes(need, case):
+def test_another_hosts_name_or_address_is_refused_on_every_rank_and_rank_0s_passes(need, case):
     lay, hosts = CASES[case]
     lay = need(lay)
     first = hosts[0]
@@ -45,5 +45,9 @@ def test_another_hosts_name_is_refused_on_every_rank_and_rank_0s_passes(need, ca
         error = r.get("error", "")
         assert f"master_addr={other}" in error and f"rank 0 runs on {first}" in error, r
         assert error.count("Fix:") == 1 and "\n" not in error, r
+    for r in _records(lay, harness.NODE_IP[other]):  # the other host's address: refused too
+        error = r.get("error", "")
+        assert f"master_addr={harness.NODE_IP[other]}" in error and \
+            f"is an address of {other}, another host of the job, but rank 0 runs on {first}" in error, r
     for r in _records(lay, harness.NODE_IP[first]):  # another name of rank 0's host: fine
         assert "error" not in r and r["env"]["master_addr"] == harness.NODE_IP[first], r

@@ -290,3 +290,50 @@ def test_discovery_refuses_a_hand_set_master_address_that_is_another_ranks_host(
             from_hostnames(e, hosts, "PMI-1 key-value exchange")
         assert from_hostnames(distenv.resolve({**hooked, "MASTER_ADDR": "node2"}), hosts,
                               "PMI-1").master_addr == "node2"
+
+
+@pytest.fixture
+def names(monkeypatch):
+    """Name lookups answered from a table (the real ones: tests/integration/test_master_elsewhere.py,
+    the namespace nodes' addresses); a name mapped to None hangs."""
+    import socket
+    import time
+
+    table = {"node1": ["10.0.0.1", "127.0.1.1"], "node2": ["10.0.0.2"], "node2.cluster": ["10.0.0.2"],
+             "10.0.0.1": ["10.0.0.1"], "10.0.0.2": ["10.0.0.2"], "node1-ib": ["192.168.0.1"],
+             "svc.default": ["10.96.0.10"], "slow": None}
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if table[host] is None:
+            time.sleep(5)
+            raise socket.gaierror(socket.EAI_AGAIN, "late")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in table[host]]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return table
+
+
+def test_an_address_of_another_node_is_refused_as_its_name_is(names, monkeypatch):
+    """srun -N2 -n4 block, rank 0 on node1: MASTER_ADDR=10.0.0.2 (node2's address) or another
+    name of node2 is an error naming node2; rank 0's address, an alias that resolves to no host
+    of the job (InfiniBand), a Kubernetes service address, a name nobody resolves, and a lookup
+    that does not answer within LOOKUP_SECONDS prove nothing and pass."""
+    import time
+
+    from distenv.core import placement
+
+    monkeypatch.setattr(placement, "LOOKUP_SECONDS", 0.5)
+    env = _by_rank("cluster-srun-2x2")[1]
+    for wrong in ("10.0.0.2", "node2.cluster"):
+        with pytest.raises(DistEnvError) as err:
+            bringup.completed(distenv.resolve({**env, "MASTER_ADDR": wrong}))
+        assert f"master_addr={wrong} (" in str(err.value) and "is an address of node2, another host " \
+               "of the job, but rank 0 runs on node1" in str(err.value) and "\n" not in str(err.value)
+    for fine in ("10.0.0.1", "node1-ib", "svc.default", "unknown-name", "slow"):
+        start = time.monotonic()
+        assert bringup.completed(distenv.resolve({**env, "MASTER_ADDR": fine})).master_addr == fine
+        assert time.monotonic() - start < 2.0, fine
+    del names["node1"]  # rank 0's own addresses unknown: nothing proven
+    assert bringup.completed(distenv.resolve({**env, "MASTER_ADDR": "10.0.0.2"})).master_addr == "10.0.0.2"

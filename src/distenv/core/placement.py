@@ -246,19 +246,78 @@ def _repeat(hosts: "Sequence[str]", per: int) -> "tuple[tuple[str, ...], None]":
 
 
 # -- a master address set by hand --------------------------------------------------------------
+#: How long the bring-up looks names up (the master address, the job's hosts) to tell whether a
+#: master address is another host's: a name that has not answered by then proves nothing.
+LOOKUP_SECONDS = 3.0
+#: The job's hosts looked up at most (a larger job is checked against these: the pre-flight
+#: still names an unreachable master within DISTENV_TIMEOUT).
+LOOKUP_HOSTS = 64
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def not_rank_0s(env: DistEnv, first: str, hosts: "Iterable[str]", why: str) -> None:
-    """A master address the environment gave that names another host of the job than rank 0's
+    """A master address the environment gave that is another host of the job than rank 0's
     (`first`) is an error naming both: torch's store listens on rank 0's host, so every rank
-    would wait on a host where nothing listens (30 minutes, by torch's default). A name the
-    job's host list does not hold (an InfiniBand alias, an address) may be rank 0's host: it
-    cannot be proven wrong here."""
+    would wait on a host where nothing listens (30 minutes, by torch's default). Another host's
+    name proves it; so does an address (or another name) that resolves to one of another host's
+    addresses and to none of rank 0's (name lookups: called at bring-up only, never by
+    `resolve()`; bounded by LOOKUP_SECONDS). Anything else -- an InfiniBand alias, a Kubernetes service address, a
+    name that resolves to nothing the job's hosts do -- may reach rank 0: it cannot be proven
+    wrong, and passes."""
     given = (env.master_addr or "").lower()
-    if given == first.lower() or given in ("127.0.0.1", "localhost", "::1"):
+    if given == first.lower() or given in _LOOPBACK:
         return
-    other = next((h for h in hosts if h.lower() == given), None)
+    names = list(dict.fromkeys(hosts))
+    other = next((h for h in names if h.lower() == given), None)
+    how = "the host of other ranks"
+    if other is None:
+        other = _same_address(env.master_addr or "", first, [h for h in names if h.lower() != first.lower()])
+        how = f"an address of {other}, another host of the job" if other else how
     if other is not None:
         raise DistEnvError(
-            f"master_addr={env.master_addr} ({env.provenance.get('master_addr')}) is the host of "
-            f"other ranks, but rank 0 runs on {first} ({why}): every rank would wait for a store "
-            f"nobody starts there. Fix: unset MASTER_ADDR (distenv takes rank 0's host), or set "
-            f"it to {first}.")
+            f"master_addr={env.master_addr} ({env.provenance.get('master_addr')}) is {how}, but "
+            f"rank 0 runs on {first} ({why}): every rank would wait for a store nobody starts "
+            f"there. Fix: unset MASTER_ADDR (distenv takes rank 0's host), or set it to {first}.")
+
+
+def _same_address(given: str, first: str, others: "list[str]") -> "str | None":
+    """The first of `others` (hosts of the job other than rank 0's `first`) that `given`
+    resolves to one of the addresses of, where it resolves to none of `first`'s; else None."""
+    found = _addresses([given, first, *others[:LOOKUP_HOSTS]])
+    mine, rank_0s = found.get(given), found.get(first)
+    if not mine or not rank_0s or mine & rank_0s:  # rank 0's own addresses unknown: no proof
+        return None
+    return next((h for h in others[:LOOKUP_HOSTS] if mine & found.get(h, frozenset())), None)
+
+
+def _addresses(names: "list[str]") -> "dict[str, frozenset[str]]":
+    """Each name's addresses (getaddrinfo, loopback left out), those answered within
+    LOOKUP_SECONDS, by at most 16 threads; a name that fails or is late is absent."""
+    import socket
+    import threading
+    import time
+
+    out: "dict[str, frozenset[str]]" = {}
+    todo = list(dict.fromkeys(n for n in names if n))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                name = todo.pop()
+            try:
+                infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+            except (OSError, UnicodeError, ValueError):
+                continue
+            found = frozenset(str(i[4][0]) for i in infos) - {"::1"}
+            out[name] = frozenset(a for a in found if not a.startswith("127."))
+
+    deadline = time.monotonic() + LOOKUP_SECONDS
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(16, len(todo)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return dict(out)  # a copy: a late lookup may still write
