@@ -89,7 +89,7 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     # Resolve; in a distributed launch, complete from the launcher's service what the
     # variables left unknown (MPICH across nodes, or a command `distenv run` exec'ed after
     # asking) and export torch's variables where the launch's source lets torch act (a TPU
-    # pod's hosts are not torch-xla's ranks, Source.adapters); whoever starts the process group
+    # pod's hosts are not torch-xla's ranks, Frameworks.adapters); whoever starts the process group
     # (the script, Accelerate, Lightning), it ends in order at exit (distenv.bringup.teardown).
     found = bring_up("auto", environ=environ, target=target)
     if not found.is_distributed:
@@ -264,7 +264,7 @@ def deactivate(environ: "MutableMapping[str, str] | None" = None) -> None:
 
 
 def _acts(adapter_module: str) -> bool:
-    """Does the resolved launch's source let this adapter act (`Source.adapters`)?"""
+    """Does the resolved launch's source let this adapter act (`Frameworks.adapters`)?"""
     from .sources import adapter_acts
 
     return adapter_acts(env.launcher if env is not None else None, adapter_module.rsplit(".", 1)[-1])
@@ -282,7 +282,7 @@ def _run_pending() -> None:
         if env is not None and not _acts(entry[0]):
             # The launch's source leaves this framework to its own set-up (a TPU pod and
             # torch-xla): say so once, patch nothing.
-            skipped[key] = f"{env.launcher} leaves {name} to its own set-up (Source.adapters)"
+            skipped[key] = f"{env.launcher} leaves {name} to its own set-up (Frameworks.adapters)"
             from .log import get_logger
 
             get_logger(__name__).info(f"{name} is not patched: {skipped[key]}.")

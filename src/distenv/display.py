@@ -81,9 +81,9 @@ def launcher_labels(environ: "dict[str, str] | None" = None, proc: str = "/proc"
     env = os.environ if environ is None else environ
     from .sources import label_sources
 
-    for source in label_sources():  # each launcher's own way of saying so (Source.label_var)
-        if source.label_var is not None:
-            var, yes, option = source.label_var
+    for source in label_sources():  # each launcher's own way of saying so (PassOn.label_var)
+        if source.passing.label_var is not None:
+            var, yes, option = source.passing.label_var
             value = env.get(var, "").strip().lower()
             if (value in yes) if yes else value not in ("", "0"):
                 return option
@@ -107,13 +107,13 @@ def launcher_labels(environ: "dict[str, str] | None" = None, proc: str = "/proc"
 
 def _tag_options(program: str) -> "tuple[str, ...]":
     """The options of `program` that label lines, from every source that declares some
-    (`Source.label_options`; "mpiexec.*" matches an mpiexec.<suffix> no source names)."""
+    (`PassOn.label_options`; "mpiexec.*" matches an mpiexec.<suffix> no source names)."""
     from .sources import label_sources
 
     out: "list[str]" = []
     for name in (program, program.split(".", 1)[0] + ".*" if "." in program else None):
         for source in label_sources():  # a program some source names wins over a pattern
-            out.extend(o for o in source.label_options.get(name or "", ()) if o not in out)
+            out.extend(o for o in source.passing.label_options.get(name or "", ()) if o not in out)
         if out:
             break
     return tuple(out)

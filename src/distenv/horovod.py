@@ -81,7 +81,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
         return Plan(d, "horovodrun")
     if d.world_size == 1:
         return Plan(d, "single")
-    if wanted == "mpi" or (wanted == "auto" and "horovod" in source.mpi_controller):
+    if wanted == "mpi" or (wanted == "auto" and "horovod" in source.frameworks.mpi_controller):
         return Plan(d, "mpi", {"HOROVOD_CONTROLLER": "mpi"})
 
     missing = [f for f in ("rank", "world_size", "local_rank", "local_world_size")

@@ -386,7 +386,7 @@ def initialize(coordinator_address: "str | None" = None, num_processes: "int | N
 
 def own_detection(jax: "Any") -> "str | None":
     """The cluster JAX's own detection finds (``jax/_src/clusters``: Cloud TPU/GCE, Kubernetes,
-    ...) among those no distenv source covers (`Source.covers`), or None. Asked only when
+    ...) among those no distenv source covers (`Frameworks.covers`), or None. Asked only when
     distenv found no launcher: there "one process" is distenv's default, not a proof, and a
     platform JAX knows must keep its own answer (never ``num_processes=1`` over it). Opt-in
     detections (mpi4py) are not asked; one that fails counts as absent."""

@@ -307,11 +307,11 @@ def _launch_environment(connector: Any) -> "DistenvEnvironment | None":
 
 
 def _refuse_if_elsewhere(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]") -> None:
-    """One line when the launch runs Lightning through its own integration (`Source.instead`)."""
+    """One line when the launch runs Lightning through its own integration (`Frameworks.instead`)."""
     from .sources import source_of
 
     source = source_of(resolve(environ, **overrides).launcher)
-    fix = source.instead.get("lightning")
+    fix = source.frameworks.instead.get("lightning")
     if fix:
         raise DistEnvError(f"distenv's Lightning plugin inside {source.title}: {source.title} runs this "
                            f"Trainer's processes with its own Lightning integration. Fix: {fix}.")

@@ -236,7 +236,7 @@ def _partial(env: "DistEnv", host: str) -> "tuple[list[Node], str, list[str]]":
     """What is known without the host of every rank: this process's node and the counts."""
     from .sources import source_of
 
-    own = source_of(env.launcher).unknown_fix
+    own = source_of(env.launcher).launch.unknown_fix
     unknown = [f"the host of every rank ({env.provenance.get('rank_hosts', 'not revealed')}). "
                + (f"Fix: {own}." if own else PLACEMENT_FIX)]
     count, mine = env.num_nodes, env.node_rank

@@ -415,11 +415,11 @@ def test_the_launchers_version_comes_from_what_its_source_declares(monkeypatch):
     got = versioninfo.launcher_version("openmpi", {"OMPI_VERSION": "5.0.11"})
     assert got == {"version": "Open MPI 5.0.11", "source": "OMPI_VERSION"}
     assert versioninfo.launcher_version("torchrun", {})["source"].startswith("torch")
-    assert source_of("intelmpi").command("intelmpi") == "mpiexec.hydra"
-    assert source_of("mpich").command("mpich") == "mpiexec"
+    assert source_of("intelmpi").doctor.command_for("intelmpi") == "mpiexec.hydra"
+    assert source_of("mpich").doctor.command_for("mpich") == "mpiexec"
     seen = []
     monkeypatch.setattr(versioninfo, "_launcher_command",
-                        lambda launcher, source: seen.append(source.command(launcher)))
+                        lambda launcher, source: seen.append(source.doctor.command_for(launcher)))
     versioninfo.launcher_version("slurm", {})
     assert seen == ["srun"]
     assert {"OMPI_", "PMI_", "PRTE_"} <= set(job_prefixes())

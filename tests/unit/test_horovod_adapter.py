@@ -38,13 +38,13 @@ def test_horovodrun_is_left_alone():
 def test_the_controller_follows_what_the_source_declares(monkeypatch):
     """Open MPI declares that Horovod's MPI controller joins its ranks (`mpi_controller`), and
     horovodrun is the "horovod" family: the plan reads those, never a launcher's name."""
-    from distenv.sources import source_of
+    from distenv.sources import Frameworks, source_of
 
     ompi, hvdrun = source_of("openmpi"), source_of("horovodrun")
-    assert ompi.mpi_controller == ("horovod",) and hvdrun.family == "horovod"
-    monkeypatch.setattr(ompi, "mpi_controller", ())
+    assert ompi.frameworks.mpi_controller == ("horovod",) and hvdrun.family == "horovod"
+    monkeypatch.setattr(ompi.frameworks, "mpi_controller", ())
     assert dh.plan(recorded("openmpi4-np2", 1)).controller == "gloo"
-    monkeypatch.setattr(source_of("torchrun"), "mpi_controller", ("horovod",))
+    monkeypatch.setattr(source_of("torchrun"), "frameworks", Frameworks(mpi_controller=("horovod",)))
     assert dh.plan(torchrun(1)).controller == "mpi"
     monkeypatch.setattr(hvdrun, "family", "other")
     env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",

@@ -469,3 +469,19 @@ def test_the_floor_check_sees_a_lazy_upward_import():
             ("distenv.core.resolver", "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from ..discovery import x\n", False),
             ("distenv.core.resolver", "", False), ("distenv.errors", "", False), ("distenv.discovery", "", True)]
     assert upward(fake) == [("distenv.log", "distenv.core.resolver"), ("distenv.core.hostlist", "distenv.errors")]
+
+
+def test_the_source_base_is_small_and_sources_declare_only_its_members():
+    """`Source` has at most 15 members (issue 41, item 4): five identities, five grouped
+    declarations (launch, services, passing, frameworks, doctor), five methods. A launcher's
+    class sets or overrides only those (its own helpers are private), so a misspelled or
+    retired declaration (`pass_on = ...`) cannot sit there unread."""
+    from distenv.sources import LAUNCHERS, NONE, PLATFORMS, Source
+
+    members = [n for n in vars(Source) if not n.startswith("_")]
+    assert len(members) <= 15, members
+    for entry in LAUNCHERS + [NONE] + PLATFORMS:
+        cls = type(entry.load())
+        shared = {n for base in cls.__mro__[1: cls.__mro__.index(Source)] for n in vars(base)}  # a family's map
+        extra = [n for n in vars(cls) if not n.startswith("_") and n not in members and n not in shared]
+        assert not extra, (cls.__name__, extra)

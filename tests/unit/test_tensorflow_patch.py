@@ -142,28 +142,28 @@ def test_torchrun_across_nodes_is_a_problem(no_gpus):
 
 
 def test_the_fixes_follow_what_the_source_declares(no_gpus, monkeypatch):
-    """The adapter reads the launch's `Source` (pass_on_only, node_order, tf_cluster), never its
+    """The adapter reads the launch's `Source` (passing.only, launch.node_order, frameworks), never its
     name: changing a declaration changes what TensorFlow is told (issue 21)."""
-    from distenv.sources import source_of
+    from distenv.sources import Frameworks, source_of
 
     ompi = source_of("openmpi")
-    assert (ompi.pass_on_only, ompi.node_order, ompi.tf_cluster) == (True, "", "")
-    assert ompi.pass_on_note("X") == "Open MPI passes variables to other nodes only with mpirun -x X"
-    monkeypatch.setattr(ompi, "pass_on_only", False)
+    assert (ompi.passing.only, ompi.launch.node_order, ompi.frameworks.tf_cluster) == (True, "", "")
+    assert ompi.passing.note("X", ompi.title) == "Open MPI passes variables to other nodes only with mpirun -x X"
+    monkeypatch.setattr(ompi.passing, "only", False)
     message = dtf.patch_environ(mpi_two_nodes(2))["problem"][1]
     assert "DISTENV_HOSTFILE" in message and "passes variables" not in message
-    monkeypatch.setattr(ompi, "node_order", "it numbers nodes its own way")
+    monkeypatch.setattr(ompi.launch, "node_order", "it numbers nodes its own way")
     message = dtf.patch_environ(mpi_two_nodes(2))["problem"][1]
     assert "Fix: it numbers nodes its own way: set TF_CONFIG yourself" in message
     # a platform that describes the cluster itself: its cluster, not one built from the hosts
     config = {"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}
-    monkeypatch.setattr(ompi, "tf_cluster", "OMPI_SPEC")
-    monkeypatch.setattr(ompi, "tf_config", lambda env: config)
+    monkeypatch.setattr(ompi, "frameworks", Frameworks(tf_cluster="OMPI_SPEC"))
+    monkeypatch.setattr(ompi.frameworks, "tf_config", lambda env: config)
     assert dtf.tf_config(mpi_two_nodes(2)) == config
-    monkeypatch.setattr(ompi, "tf_config", lambda env: None)
+    monkeypatch.setattr(ompi.frameworks, "tf_config", lambda env: None)
     with pytest.raises(DistEnvError, match="OMPI_SPEC has no TensorFlow-style"):
         dtf.tf_config(mpi_two_nodes(2))
-    assert source_of("no-such-launcher").tf_cluster == ""  # an unknown name declares nothing
+    assert source_of("no-such-launcher").frameworks.tf_cluster == ""  # an unknown name declares nothing
 
 
 def test_each_local_process_gets_its_gpus(fake_gpus, monkeypatch):

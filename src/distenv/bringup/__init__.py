@@ -12,7 +12,7 @@ framework's own calls.
    for this process's own environment, never for a mapping a caller passed in);
 4. export the torch variables (`DistEnv.export`) always, in a distributed launch only, for the
    zero-code path only where the launch's Source lets torch's variables be written
-   (`Source.adapters`), or never;
+   (`Frameworks.adapters`), or never;
 5. on rank 0 of the torch family (whose rank 0 binds the master port: torch's store, or the
    torchrun `distenv run` starts), when distenv derived the port, check it is free here
    (`port_is_free`): a port another job holds would make the ranks meet that job, or fail
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 #: A per-node launch is refused (the framework runs one process per worker) or allowed.
 REFUSE, ALLOW = "refuse", "allow"
 #: When to export the torch variables and register the teardown (`ZERO_CODE`: in a distributed
-#: launch whose Source lets torch's variables be written, `Source.adapters`).
+#: launch whose Source lets torch's variables be written, `Frameworks.adapters`).
 ALWAYS, DISTRIBUTED, ZERO_CODE, NEVER = "always", "distributed", "zero-code", "never"
 
 

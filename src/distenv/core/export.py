@@ -53,13 +53,13 @@ def missing_message(env: DistEnv, names: "Sequence[str]") -> str:
         from ..sources import source_of
 
         source = source_of(env.launcher)
-        passed = source.passes_on("MASTER_ADDR", "<host>")
+        passed = source.passing.fill("MASTER_ADDR", "<host>")
         if passed:
             problems.append(f"{env.launcher} does not reveal rank 0's host (MASTER_ADDR) across nodes")
             fixes.append(f"export MASTER_ADDR=<rank 0's host> in the job script and pass it to "
                          f"every rank ({passed})")
-        elif source.master_unknown:  # the source's own words (plain RANK/WORLD_SIZE)
-            problem, _, fix = source.master_unknown.partition(" Fix: ")
+        elif source.launch.master_unknown:  # the source's own words (plain RANK/WORLD_SIZE)
+            problem, _, fix = source.launch.master_unknown.partition(" Fix: ")
             problems.append(problem)
             fixes.append(fix)
         else:

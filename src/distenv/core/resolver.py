@@ -21,7 +21,7 @@ from .description import (DEFAULT, DERIVED, FIELDS, GIVEN, PER_NODE, PER_PROCESS
 from ..errors import DistEnvError
 from ..knobs import LAUNCHER, NPROC_PER_NODE
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
-from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names
+from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names, platform_name
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     source, why = _choose(env, overrides.pop("launcher", None))
     source.read(env, r)
     r.default("launcher", source.name, why)
-    r.owns, r.node_order = source.owns, source.node_order  # what a platform overlay must respect
+    r.owns, r.node_order = source.owns, source.launch.node_order  # what a platform overlay must respect
     _platform(env, r, source, overrides.pop("platform", None))
 
     for field, value in overrides.items():
@@ -227,7 +227,7 @@ def _platform(env: "Env", r: Reading, source: "Source", forced: "str | None") ->
         else:
             continue
         platform = entry.load()
-        name = platform.platform(env)
+        name = platform_name(platform, env)
         if name is None:
             continue
         r.set("platform", name, f"{marker} present")
@@ -303,12 +303,12 @@ def _wanted(env: "Env", override: "int | str | None") -> "tuple[int, str] | tupl
 
 def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | None") -> None:
     want, want_why = _wanted(env, override)
-    if r.launch == PER_PROCESS and source.can_be_per_node:
+    if r.launch == PER_PROCESS and source.launch.can_be_per_node:
         local, nodes, size = r.get("local_world_size"), r.get("num_nodes"), r.get("world_size")
         if local == 1 and (nodes is None or nodes == size):
             gpus = None
             platform = _platform_source(r)
-            if want is None and platform is not None and platform.per_node_platform:
+            if want is None and platform is not None and platform.launch.per_node_platform:
                 from .gpus import visible_gpus
 
                 gpus, gpus_why = visible_gpus(env)
@@ -471,7 +471,7 @@ def _note_unknowns(r: Reading, source: "Source") -> None:
     """Every unknown field carries a note saying what to do (docs/inferences.md): one note that
     lists them all (`unknown_note`)."""
     note = unknown_note(r.values, source.title, r.launch == PER_NODE, reads=source.owns,
-                        never=source.unknown_fix)
+                        never=source.launch.unknown_fix)
     if note is not None:
         r.notes.append(note)
 
@@ -486,7 +486,7 @@ def unknown_note(values: "Mapping[str, Any]", title: str, per_node: bool,
     names a variable to export only where it would be read: MASTER_ADDR (the resolver takes
     it), or one of `reads` (the launcher's source's `owns`); the others are only checked
     against what the launcher says, so exporting them would change nothing. `never`: the
-    launcher's own fix for what it never reveals (`Source.unknown_fix`), instead of discovery."""
+    launcher's own fix for what it never reveals (`Launch.unknown_fix`), instead of discovery."""
     left = [(f, var) for f, var in _UNKNOWN if values.get(f) is None
             and not (per_node and f in ("rank", "local_rank"))]
     if not left:

@@ -154,7 +154,7 @@ def _discovered(env: DistEnv, environ: "Mapping[str, str]", timeout: "float | No
 
     source = source_of(env.launcher)
     for svc in svcs:
-        refused = source.refuses(svc.name, environ) if svc.present(environ) else ""
+        refused = source.services.refuses(svc.name, environ) if svc.present(environ) else ""
         if refused:
             _debug(f"discovery: {svc.name} not asked: {refused}")
             declined.append(Declined(refused, svc.name, True))
@@ -199,7 +199,7 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]",
     else:
         from . import containers
 
-        fix = source_of(env.launcher).service_fix
+        fix = source_of(env.launcher).services.fix
         inside = containers.where(environ or {})
         if inside:  # the starter kept the service's variables out: its own option lets them in
             text = (f"discovery found no service of {env.launcher} to ask{inside}, which passed "
@@ -214,7 +214,7 @@ def _not_asked(env: DistEnv, declined: "list[Declined]", need: "Iterable[str]",
     source = source_of(env.launcher)
     rebuilt = unknown_note(values, source.title or str(env.launcher),
                            env.launch == PER_NODE, asked=True, reads=source.owns,
-                           never=source.unknown_fix)
+                           never=source.launch.unknown_fix)
     return DistEnv(values, env.provenance,
                    [*notes, *([rebuilt] if rebuilt else []), Note(text, about=fields, kind=DECLINED)])
 

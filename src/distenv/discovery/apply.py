@@ -111,7 +111,7 @@ def settled(env: DistEnv, filled: "set[str]", values: "Mapping[str, Any]") -> "l
         source = source_of(env.launcher)
         rebuilt = unknown_note(values, source.title or str(env.launcher),
                                env.launch == PER_NODE, reads=source.owns,
-                               never=source.unknown_fix)
+                               never=source.launch.unknown_fix)
         if rebuilt is not None:
             keep.append(rebuilt)
     return keep

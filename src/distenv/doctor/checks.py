@@ -62,7 +62,7 @@ def _check_launch(rep: Report, env: DistEnv, environ: "Mapping[str, str]") -> No
     from ..sources import find
 
     entry = find(env.launcher) if env.launcher else None
-    acting = entry.load().adapters if entry is not None else None
+    acting = entry.load().frameworks.adapters if entry is not None else None
     if acting is not None:
         rep.add("info", "launch", f"on this launch only distenv's {', '.join(acting)} adapter(s) act; "
                 "the other frameworks set themselves up (a TPU pod: torch-xla numbers its "
@@ -222,5 +222,5 @@ def _passed_on(env: "DistEnv | None", name: str, value: object) -> str:
     from ..sources import find
 
     entry = find(env.launcher) if env is not None and env.launcher else None
-    passed = entry.load().passes_on(name, value) if entry is not None else ""
+    passed = entry.load().passing.fill(name, value) if entry is not None else ""
     return f", and pass it to every rank ({passed})" if passed else ""

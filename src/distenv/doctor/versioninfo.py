@@ -37,15 +37,15 @@ def _distribution_versions() -> "dict[str, str]":
 
 
 def _launcher_command(launcher: str, source: Any) -> "tuple[str, str] | None":
-    """(argv0, how it was found) of the launcher's command (its Source's `command`,
-    `programs`, `daemons`), or None."""
+    """(argv0, how it was found) of the launcher's command (its Source's `Doctor`:
+    `command_for`, `programs`, `daemons`), or None."""
     import shutil
 
-    command = source.command(launcher)
+    command = source.doctor.command_for(launcher)
     for pid, exe, comm in system._ancestors():
         base = os.path.basename(exe) if exe else comm
-        if base in source.programs or comm in source.programs:
-            if exe and base in source.daemons:
+        if base in source.doctor.programs or comm in source.doctor.programs:
+            if exe and base in source.doctor.daemons:
                 # A daemon: the launcher's command is installed next to it.
                 sibling = os.path.join(os.path.dirname(exe), command)
                 if os.path.exists(sibling):
@@ -69,28 +69,28 @@ def _first_version_line(text: str) -> "str | None":
 
 def launcher_version(launcher: str, environ: "Mapping[str, str]") -> "dict[str, str | None]":
     """{"version", "source"}: the launcher's own version, where it says it (how: its Source's
-    `version_var`, `version_package`, `command`)."""
+    `Doctor`: `var`, `package`, `command_for`)."""
     from ..sources import job_prefixes, source_of
 
     source = source_of(launcher)
-    if source.version_var and environ.get(source.version_var):
-        return {"version": f"{source.title} {environ[source.version_var]}",
-                "source": source.version_var}
-    if source.version_package:
+    if source.doctor.var and environ.get(source.doctor.var):
+        return {"version": f"{source.title} {environ[source.doctor.var]}",
+                "source": source.doctor.var}
+    if source.doctor.package:
         from importlib import metadata
 
-        dist = source.version_package
+        dist = source.doctor.package
         try:
             return {"version": f"{dist} {metadata.version(dist)}",
                     "source": f"{dist}'s metadata in this interpreter"}
         except metadata.PackageNotFoundError:
             return {"version": None, "source": f"{dist} is not installed for this interpreter"}
-    if not source.command(launcher):
+    if not source.doctor.command_for(launcher):
         return {"version": None, "source": f"{launcher} has no version command"}
     found = _launcher_command(launcher, source)
     if found is None:
         return {"version": None,
-                "source": f"{source.command(launcher)} is neither an ancestor nor on PATH"}
+                "source": f"{source.doctor.command_for(launcher)} is neither an ancestor nor on PATH"}
     command, how = found
     import subprocess
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..core.reading import get_int, Reading, show
-from . import Source
+from . import Source, names_of
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class NodeList(Source):
               ) -> "tuple[Later, str] | None":
         """Node k (line k of the address list) runs ranks k*nproc .. k*nproc+nproc-1, also
         when each node is its only worker (a per-process launch)."""
-        if values.get("launcher") not in self.names():
+        if values.get("launcher") not in names_of(self):
             return None
         from ..core.placement import repeated
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import DistEnvError
 from ..core.reading import show
-from . import Source
+from . import Launch, Source
 from ._common import block_layout, platform_hosts, platform_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -33,7 +33,7 @@ class AzureML(Source):
     title = "Azure ML"
     family = "platform"
     prefixes = ('AZ_BATCH', 'AZUREML_')
-    per_node_platform = True
+    launch = Launch(per_node_platform=True)
 
     def overlay(self, env: "Env", r: "Reading") -> None:
         node = env.get("AZ_BATCH_MASTER_NODE")

@@ -8,7 +8,7 @@ give hosts different slot counts).
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -21,7 +21,7 @@ class DeepSpeedLauncher(Source):
     title = "the DeepSpeed launcher"
     family = "torch"
     prefixes = ('CROSS_RANK', 'CROSS_SIZE', 'LOCAL_SIZE')
-    version_package = "deepspeed"
+    doctor = Doctor(package="deepspeed")
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
     def detect(self, env: "Env") -> bool:

@@ -47,6 +47,7 @@ from __future__ import annotations
 from ..errors import DistEnvError
 from ..core.reading import get_int, show
 from ._common import NodeList
+from . import PassOn
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class Dstack(NodeList):
     name = "dstack"
     title = "dstack"
     prefixes = ("DSTACK_",)
-    pass_on = "env: [{name}={value}] in the dstack configuration"
+    passing = PassOn(how="env: [{name}={value}] in the dstack configuration")
     rank_var, ips_var, fix = "DSTACK_NODE_RANK", IPS, FIX
     started = "dstack's runner started the task's commands once on each node"
 

@@ -6,7 +6,7 @@ Inferred (docs/inferences.md): only the port, from FLUX_JOB_ID (the same on ever
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Launch, PassOn, Services, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -18,11 +18,11 @@ class Flux(Source):
     name = "flux"
     title = "Flux"
     family = "flux"
-    pass_on = "flux run passes the environment"
+    launch = Launch(can_be_per_node=True)
+    services = Services("apinfo")
+    passing = PassOn(how="flux run passes the environment")
+    doctor = Doctor(command="flux")
     prefixes = ('FLUX_',)
-    can_be_per_node = True
-    services = ("apinfo",)  # Flux's cray-pals plugin writes one (sources/pals.py)
-    version_command = "flux"
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

@@ -18,7 +18,7 @@ from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..knobs import NPROC_PER_NODE
 from ..core.reading import get_int, parse_json
-from . import Source
+from . import Frameworks, Launch, Source, names_of
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -119,14 +119,25 @@ def tf_config(env: "Env") -> "dict[str, Any] | None":
     return parse(json.dumps(config), "CLUSTER_SPEC")
 
 
+def platform(env: "Env") -> "str | None":
+    """The platform's name here: "vertex" or "gcp" (the job's own flavour), or None: not one
+    of their jobs (`Launch.platform`)."""
+    spec = cluster_spec(env)
+    if spec is not None:
+        return flavour(spec)
+    if env.get("CLOUD_ML_JOB_ID"):
+        return "vertex" if any(k.startswith("AIP_") for k in env) else "gcp"
+    return None
+
+
 class GoogleCloud(Source):
     name = "gcp"
     title = "Google Cloud"
     family = "platform"
     prefixes = ('CLUSTER_SPEC', 'CLOUD_ML_', 'AIP_')
-    aliases = ("gcp", "vertex")
+    launch = Launch(aliases=("gcp", "vertex"), platform=platform)
+    frameworks = Frameworks(tf_cluster="CLUSTER_SPEC", tf_config=tf_config)
     owns = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    tf_cluster = "CLUSTER_SPEC"
 
     def detect(self, env: "Env") -> bool:
         spec = cluster_spec(env)
@@ -188,29 +199,18 @@ class GoogleCloud(Source):
         if job:
             r.port_key = "gcp:" + job
 
-    def tf_config(self, env: "Env") -> "dict[str, Any] | None":
-        return tf_config(env)  # the module's function
-
     def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
               ) -> "tuple[Later, str] | None":
         """Started by the platform (one process per replica, replicas in CLUSTER_SPEC's
         order, even when each is its node's only worker): node k's workers are ranks
         k*nproc .. k*nproc+nproc-1."""
-        if values.get("launcher") not in self.names():
+        if values.get("launcher") not in names_of(self):
             return None  # only the platform under another launcher: that one places ranks
         from ..core.placement import repeated
 
         return repeated(values, f"CLUSTER_SPEC training replicas in node order, nproc_per_node="
                                 f"{values.get('nproc_per_node')} each (workers are numbered "
                                 "node_rank * nproc_per_node + local_rank)")
-
-    def platform(self, env: "Env") -> "str | None":
-        spec = cluster_spec(env)
-        if spec is not None:
-            return flavour(spec)
-        if env.get("CLOUD_ML_JOB_ID"):
-            return "vertex" if any(k.startswith("AIP_") for k in env) else "gcp"
-        return None
 
 
 SOURCE = GoogleCloud()

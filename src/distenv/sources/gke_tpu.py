@@ -37,7 +37,7 @@ master_port      derived from the coordinator's (or first worker's) name, the sa
 Which adapters act: JAX's (and Keras 3 on JAX, through it). torch-xla's PJRT runtime,
 Lightning's XLA environment and Accelerate's TPU state number their processes per TPU chip,
 not per host, and set themselves up from the same platform: distenv's torch-facing zero-code
-adapters leave them alone (``adapters``).
+adapters leave them alone (``Frameworks.adapters``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
 from ..core.reading import get_int, show
-from . import Source
+from . import Frameworks, Launch, Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -77,10 +77,12 @@ class GkeTpu(Source):
     name = "gke_tpu"
     title = "GKE TPU (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES)"
     family = "tpu"
-    aliases = ("gke_tpu", "tpu")
+    launch = Launch(aliases=("gke_tpu", "tpu"))
+    frameworks = Frameworks(
+        covers=("jax:gketpu",),  # JAX reads these variables too (jax/_src/clusters)
+        adapters=("jax",),
+    )
     prefixes = ("TPU_WORKER_", "TPU_PROCESS_ADDRESSES", "MEGASCALE_")
-    covers = ("jax:gketpu",)  # JAX reads these variables too (jax/_src/clusters)
-    adapters = ("jax",)
 
     def detect(self, env: "Env") -> bool:
         return "TPU_WORKER_ID" in env

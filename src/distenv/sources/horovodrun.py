@@ -7,7 +7,7 @@ on local rank 0 (Horovod counts cross ranks per local rank); elsewhere unknown.
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -20,7 +20,7 @@ class HorovodRun(Source):
     title = "horovodrun"
     family = "horovod"
     prefixes = ('HOROVOD_',)
-    version_package = "horovod"
+    doctor = Doctor(package="horovod")
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

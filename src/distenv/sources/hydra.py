@@ -30,7 +30,7 @@ master_port     derived from I_MPI_HYDRA_UUID (Intel MPI, the same on every rank
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS, Note
-from . import Source
+from . import Doctor, Launch, PassOn, Services, Source
 from ._common import first_int
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -42,21 +42,22 @@ class Hydra(Source):
     name = "mpich"
     title = "MPICH (Hydra)"
     family = "mpi"
-    pass_on = "mpiexec -genv {name} {value}"
-    # Hydra's mpiexec -l / -prepend-rank, under any of its names (MPICH installs mpiexec too)
-    label_options = {name: ("-l", "-prepend-rank", "--prepend-rank")
-                     for name in ("mpiexec", "mpiexec.hydra", "mpiexec.mpich", "mpiexec.*")}
+    launch = Launch(aliases=("mpich", "intelmpi", "impi", "hydra"), can_be_per_node=True)
+    services = Services("pmi")
+    passing = PassOn(
+        how="mpiexec -genv {name} {value}",
+        # Hydra's mpiexec -l / -prepend-rank, under any of its names (MPICH installs mpiexec too)
+        label_options={name: ("-l", "-prepend-rank", "--prepend-rank")
+                         for name in ("mpiexec", "mpiexec.hydra", "mpiexec.mpich", "mpiexec.*")},
+    )
+    doctor = Doctor(
+        command="mpiexec",
+        commands={"intelmpi": "mpiexec.hydra"},
+        programs=("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "hydra_bstrap_proxy"),
+        daemons=("hydra_pmi_proxy", "hydra_bstrap_proxy"),
+        job_prefixes=("PMI_", "HYDRA_", "I_MPI_HYDRA", "MPI_LOCAL"),
+    )
     prefixes = ('PMI_', 'MPI_LOCAL', 'HYDRA_', 'I_MPI_')
-    aliases = ("mpich", "intelmpi", "impi", "hydra")
-    can_be_per_node = True
-    services = ("pmi",)
-    version_command = "mpiexec"
-    programs = ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "hydra_bstrap_proxy")
-    daemons = ("hydra_pmi_proxy", "hydra_bstrap_proxy")
-    job_prefixes = ("PMI_", "HYDRA_", "I_MPI_HYDRA", "MPI_LOCAL")
-
-    def command(self, launcher: str) -> str:
-        return "mpiexec.hydra" if launcher == "intelmpi" else "mpiexec"
 
     def detect(self, env: "Env") -> bool:
         return "MPI_LOCALRANKID" in env

@@ -8,7 +8,7 @@ passes them in (the downward API, or a value the template repeats): distenv read
 only when the template does (DISTENV_JOB_COMPLETIONS is its opt-in), so a pod of any other
 Indexed Job (a work queue, say) stays a single process, and JAX's own Kubernetes detection
 (``jax/_src/clusters/k8s_cluster.py``, which asks the API server for the Job's parallelism)
-is left alone there: this source covers no framework detection (``covers`` is empty). Each pod
+is left alone there: this source covers no framework detection (``Frameworks.covers`` is empty). Each pod
 is a node whose workers `distenv run` starts (one per visible GPU by default).
 
 Variables (the templates in ``integrations/kubernetes/`` set them):
@@ -77,7 +77,7 @@ from ..core.description import PER_NODE
 from .. import knobs
 from ..errors import DistEnvError
 from ..core.reading import get_int, show
-from . import Source
+from . import Launch, PassOn, Source, names_of
 from ._common import check_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -116,9 +116,9 @@ class IndexedJob(Source):
     name = "k8s_job"
     title = "Kubernetes Indexed Job"
     family = "platform"
-    aliases = ("k8s_job", "indexed_job", "jobset")
+    launch = Launch(aliases=("k8s_job", "indexed_job", "jobset"))
+    passing = PassOn(how="env: [{{name: {name}, value: \"{value}\"}}] in the pod template")
     prefixes = ("JOB_COMPLETION_INDEX", "DISTENV_JOB_", "DISTENV_JOBSET_")
-    pass_on = "env: [{{name: {name}, value: \"{value}\"}}] in the pod template"
 
     def detect(self, env: "Env") -> bool:
         return COUNT in env  # the template's opt-in (see the module docstring)
@@ -221,7 +221,7 @@ class IndexedJob(Source):
               ) -> "tuple[Later, str] | None":
         """Node k (pod k's host) runs ranks k*nproc .. k*nproc+nproc-1, also when each pod is
         its only worker (a per-process launch)."""
-        if values.get("launcher") not in self.names():
+        if values.get("launcher") not in names_of(self):
             return None
         from ..core.placement import repeated
 

@@ -6,7 +6,7 @@ Inferred (docs/inferences.md): only the port, from LSB_JOBID and the jsrun step'
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Launch, PassOn, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -18,12 +18,10 @@ class Jsrun(Source):
     name = "lsf"
     title = "LSF jsrun"
     family = "lsf"
-    pass_on = "jsrun passes the environment"
+    launch = Launch(aliases=("lsf", "jsrun"), can_be_per_node=True)
+    passing = PassOn(how="jsrun passes the environment")
+    doctor = Doctor(command="jsrun", programs=("jsrun",))
     prefixes = ('JSM_', 'LSB_')
-    version_command = "jsrun"
-    programs = ("jsrun",)
-    aliases = ("lsf", "jsrun")
-    can_be_per_node = True
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

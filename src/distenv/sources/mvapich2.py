@@ -6,7 +6,7 @@ Inferred (docs/inferences.md): nothing; node rank and master are unknown across 
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Launch, PassOn, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -18,12 +18,14 @@ class Mvapich2(Source):
     name = "mvapich2"
     title = "MVAPICH2"
     family = "mpi"
-    pass_on = "mpiexec -genv {name} {value}"
+    launch = Launch(can_be_per_node=True)
+    passing = PassOn(how="mpiexec -genv {name} {value}")
+    doctor = Doctor(
+        command="mpiexec",
+        programs=("mpiexec", "mpirun", "mpirun_rsh", "mpiexec.hydra", "hydra_pmi_proxy"),
+        daemons=("hydra_pmi_proxy",),
+    )
     prefixes = ('MV2_', 'MPIRUN_')
-    version_command = "mpiexec"
-    programs = ("mpiexec", "mpirun", "mpirun_rsh", "mpiexec.hydra", "hydra_pmi_proxy")
-    daemons = ("hydra_pmi_proxy",)
-    can_be_per_node = True
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

@@ -47,7 +47,7 @@ num_nodes = 1      world size = local world size (the resolver): then loopback.
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Frameworks, Launch, PassOn, Services, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -107,27 +107,32 @@ def user_mapping(env: "Env") -> "str | None":
 class OpenMPI(Source):
     name = "openmpi"
     title = "Open MPI"
-    aliases = ("openmpi", "ompi")
-    can_be_per_node = True
+    launch = Launch(aliases=("openmpi", "ompi"), can_be_per_node=True)
+    services = Services("pmix")
+    passing = PassOn(
+        how="mpirun -x {name}",
+        only=True,  # mpirun forwards to other nodes only the variables -x names
+        # Open MPI 4 passes --tag-output on as a variable; Open MPI 5 only in mpirun's options
+        # (--tag-output, -tag-output, or --output tag[,...]). Debian names it mpirun.openmpi.
+        label_var=("OMPI_MCA_orte_tag_output", ("1", "true", "yes", "on"), "mpirun --tag-output"),
+        label_options={name: ("--tag-output", "-tag-output")
+                         for name in ("mpirun", "mpiexec", "orterun", "prterun", "mpirun.openmpi",
+                                      "mpiexec.openmpi")},
+    )
+    frameworks = Frameworks(
+        mpi_controller=("horovod",),  # Horovod is usually built with Open MPI
+        covers=("jax:ompi", "jax:prrte"),  # JAX reads these variables too (jax/_src/clusters)
+    )
+    doctor = Doctor(
+        var="OMPI_VERSION",  # Open MPI 5 sets it in every rank (recorded: openmpi5-np4)
+        command="mpirun",
+        programs=("mpirun", "mpiexec", "orterun", "prterun", "prte", "orted", "prted"),
+        daemons=("orted", "prted"),
+        job_prefixes=("OMPI_", "PMIX_", "PRTE_", "ORTE_"),
+    )
     family = "mpi"
-    services = ("pmix",)
-    version_var = "OMPI_VERSION"  # Open MPI 5 sets it in every rank (recorded: openmpi5-np4)
-    version_command = "mpirun"
-    programs = ("mpirun", "mpiexec", "orterun", "prterun", "prte", "orted", "prted")
-    daemons = ("orted", "prted")
-    job_prefixes = ("OMPI_", "PMIX_", "PRTE_", "ORTE_")
-    pass_on = "mpirun -x {name}"
-    pass_on_only = True  # mpirun forwards to other nodes only the variables -x names
-    mpi_controller = ("horovod",)  # Horovod is usually built with Open MPI
-    # Open MPI 4 passes --tag-output on as a variable; Open MPI 5 only in mpirun's options
-    # (--tag-output, -tag-output, or --output tag[,...]). Debian names it mpirun.openmpi.
-    label_var = ("OMPI_MCA_orte_tag_output", ("1", "true", "yes", "on"), "mpirun --tag-output")
-    label_options = {name: ("--tag-output", "-tag-output")
-                     for name in ("mpirun", "mpiexec", "orterun", "prterun", "mpirun.openmpi",
-                                  "mpiexec.openmpi")}
     prefixes = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_rmaps", "OMPI_VERSION",
                 "OMPI_NUM_APP_CTX", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_HOSTNAME")
-    covers = ("jax:ompi", "jax:prrte")  # JAX reads these variables too (jax/_src/clusters)
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

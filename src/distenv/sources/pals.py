@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ..core.description import PER_PROCESS, Note
 from ..errors import DistEnvError
-from . import Source
+from . import Doctor, Launch, PassOn, Services, Source
 from ._common import first_int
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -111,12 +111,11 @@ class Pals(Source):
     name = "pals"
     title = "Cray PALS"
     family = "mpi"
-    pass_on = "mpiexec --env {name}={value}"
+    launch = Launch(can_be_per_node=True)
+    services = Services("apinfo")
+    passing = PassOn(how="mpiexec --env {name}={value}")
+    doctor = Doctor(command="mpiexec", programs=("mpiexec",))
     prefixes = ('PALS_', 'PMI_')
-    can_be_per_node = True
-    services = ("apinfo",)
-    version_command = "mpiexec"
-    programs = ("mpiexec",)
 
     def detect(self, env: "Env") -> bool:
         # Under srun --mpi=cray_shasta or Flux's cray-pals, that launcher's source reads the

@@ -24,7 +24,7 @@ from ..core.description import PER_NODE, PER_PROCESS
 from ..errors import DistEnvError
 from ..knobs import LAUNCHER
 from ..core.reading import get_int
-from . import Source
+from . import Launch, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -38,11 +38,13 @@ class Plain(Source):
     family = "torch"
     prefixes = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT')
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    aliases = ("env", "plain")
-    # no launcher passes variables on here: whoever set RANK and WORLD_SIZE sets the master too
-    master_unknown = ("RANK and WORLD_SIZE are set but MASTER_ADDR, rank 0's host, is not Fix: "
-                      "set MASTER_ADDR=<rank 0's host> (and MASTER_PORT) wherever RANK and "
-                      "WORLD_SIZE are set, the same on every rank")
+    launch = Launch(
+        aliases=("env", "plain"),
+        # no launcher passes variables on here: whoever set RANK and WORLD_SIZE sets the master too
+        master_unknown="RANK and WORLD_SIZE are set but MASTER_ADDR, rank 0's host, is not Fix: "
+                       "set MASTER_ADDR=<rank 0's host> (and MASTER_PORT) wherever RANK and "
+                       "WORLD_SIZE are set, the same on every rank",
+    )
 
     def detect(self, env: "Env") -> bool:
         has_rank, has_size = "RANK" in env, "WORLD_SIZE" in env

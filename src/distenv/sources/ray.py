@@ -21,7 +21,7 @@ cluster launcher and platform, and only what Ray itself sets in the process is r
   itself and sets no variable --, or a Train worker before Ray sets its variables, as at
   interpreter start): Ray gives it no place, so every field is unknown, with a note. Its
   inherited variables are never read: they would make it rank SLURM_PROCID of `ray start`'s
-  step. For the same reason DISTENV_AUTO does nothing in Ray's processes (`adapters`).
+  step. For the same reason DISTENV_AUTO does nothing in Ray's processes (`Frameworks.adapters`).
 
 Launchers started *inside* a Ray worker come first in the registry where they set their own
 marker (torchrun, horovod.ray's HOROVOD_RANK); mpirun or srun started from a Train worker
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
-from . import Source
+from . import Doctor, Frameworks, Launch, PassOn, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -53,30 +53,36 @@ class RayTrain(Source):
     title = "Ray Train"
     family = "ray"
     prefixes = ("RAY_",) + TRAIN_VARS + ("MASTER_ADDR", "MASTER_PORT")
-    version_package = "ray"
+    launch = Launch(
+        node_order="Ray Train numbers nodes in the order its workers' nodes first appear, not in any host list",
+        unknown_fix="in a TorchTrainer's workers, nothing for torch: Ray Train placed them and "
+                    "joined their process group itself; Ray reveals no node count or host list "
+                    "(it decides placement at run time), so a framework that needs them runs "
+                    "through Ray's own integration",
+    )
+    passing = PassOn(
+        # A Train worker's environment is its node's raylet's (`ray start`'s) or, for a cluster
+        # the driver started, the driver's; the driver's exported variables reach every worker
+        # only through the job's runtime environment.
+        how='ray.init(runtime_env={{"env_vars": {{"{name}": "{value}"}}}})',
+        only=True,
+    )
+    frameworks = Frameworks(
+        # DISTENV_AUTO acts at interpreter start, before Ray sets a Train worker's variables, when
+        # every Ray process is one Ray has given no place yet: no zero-code path acts here (the
+        # adapters called in the training function do).
+        adapters=(),
+        # Ray Train runs Lightning's processes through its own strategy and environment, whose
+        # world may hold different numbers of workers per node (Lightning's devices x num_nodes
+        # cannot say so), and Ray gives no node count: DistenvEnvironment steps aside.
+        instead={"lightning": (
+            "use Ray's Lightning integration in the training function: Trainer(strategy="
+            "ray.train.lightning.RayDDPStrategy(), plugins=[ray.train.lightning."
+            "RayLightningEnvironment()], devices='auto'), then trainer = ray.train.lightning."
+            "prepare_trainer(trainer); distenv.resolve() still describes the worker")},
+    )
+    doctor = Doctor(package="ray")
     owns = TRAIN_VARS + ("MASTER_ADDR", "MASTER_PORT")
-    node_order = "Ray Train numbers nodes in the order its workers' nodes first appear, not in any host list"
-    # A Train worker's environment is its node's raylet's (`ray start`'s) or, for a cluster
-    # the driver started, the driver's; the driver's exported variables reach every worker
-    # only through the job's runtime environment.
-    pass_on = 'ray.init(runtime_env={{"env_vars": {{"{name}": "{value}"}}}})'
-    pass_on_only = True
-    # DISTENV_AUTO acts at interpreter start, before Ray sets a Train worker's variables, when
-    # every Ray process is one Ray has given no place yet: no zero-code path acts here (the
-    # adapters called in the training function do).
-    adapters: "tuple[str, ...]" = ()
-    unknown_fix = ("in a TorchTrainer's workers, nothing for torch: Ray Train placed them and "
-                   "joined their process group itself; Ray reveals no node count or host list "
-                   "(it decides placement at run time), so a framework that needs them runs "
-                   "through Ray's own integration")
-    # Ray Train runs Lightning's processes through its own strategy and environment, whose
-    # world may hold different numbers of workers per node (Lightning's devices x num_nodes
-    # cannot say so), and Ray gives no node count: DistenvEnvironment steps aside.
-    instead = {"lightning": (
-        "use Ray's Lightning integration in the training function: Trainer(strategy="
-        "ray.train.lightning.RayDDPStrategy(), plugins=[ray.train.lightning."
-        "RayLightningEnvironment()], devices='auto'), then trainer = ray.train.lightning."
-        "prepare_trainer(trainer); distenv.resolve() still describes the worker")}
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

@@ -18,7 +18,7 @@ from ..core.description import PER_NODE
 from ..errors import DistEnvError
 from ..knobs import NPROC_PER_NODE
 from ..core.reading import get_int, parse_json, show
-from . import Source
+from . import Source, names_of
 from ._common import block_layout, platform_hosts, platform_master
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -159,7 +159,7 @@ class SageMaker(Source):
         from ..core.placement import repeated
 
         per = values.get("nproc_per_node")
-        if values.get("launcher") in self.names():
+        if values.get("launcher") in names_of(self):
             return repeated(values, f"SM_HOSTS in node order, nproc_per_node={per} each (workers "
                                     "are numbered node_rank * nproc_per_node + local_rank)")
         names, _ = job_hosts(env)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..core.description import PER_PROCESS
 from ..errors import DistEnvError
 from ..core.reading import show
-from . import Source
+from . import Launch, Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -63,8 +63,7 @@ class Single(Source):
     family = "none"
     # the platforms frameworks detect themselves (shown by the doctor)
     prefixes = tuple(name for name, _ in FRAMEWORK_PLATFORMS)
-    aliases = ("none",)
-    can_be_per_node = True
+    launch = Launch(aliases=("none",), can_be_per_node=True)
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

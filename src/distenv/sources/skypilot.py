@@ -51,6 +51,7 @@ from __future__ import annotations
 from ..errors import DistEnvError
 from ..core.reading import get_int
 from ._common import NodeList
+from . import PassOn
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class SkyPilot(NodeList):
     name = "skypilot"
     title = "SkyPilot"
     prefixes = ("SKYPILOT_",)
-    pass_on = "sky launch --env {name}={value} (or the task YAML's envs:)"
+    passing = PassOn(how="sky launch --env {name}={value} (or the task YAML's envs:)")
     rank_var, ips_var, fix = "SKYPILOT_NODE_RANK", IPS, FIX
     started = "SkyPilot ran the task's run commands once on each node"
 

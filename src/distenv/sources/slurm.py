@@ -52,7 +52,7 @@ from __future__ import annotations
 from ..core.description import PER_PROCESS, Note, unknown
 from ..errors import DistEnvError
 from ..core.reading import parse_int
-from . import Source
+from . import Doctor, Frameworks, Launch, PassOn, Services, Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -265,55 +265,60 @@ def _later(captured: "Env", size: int, rank: "int | None", node: "int | None"
         return None, unknown(str(exc))
 
 
+def refuses(service: str, env: "Env") -> str:
+    """PMI-1 (``--mpi=pmi2``) in a heterogeneous step: the plugin does not join the
+    components -- measured, SLURM 22.05, ``srun -w node2 : -w node1``: distenv's barrier
+    never completed, and neither did MPICH's own MPI_Init without distenv -- so asking
+    would only wait for the timeout. The apinfo file of another step (`pals.other_step`):
+    it places that step's tasks, not this one's."""
+    if service == "apinfo":
+        from .pals import other_step
+
+        step = other_step(env)
+        if step is None:
+            return ""
+        return (f"PALS_APID={env.get('PALS_APID')} names step {step} of this job, not this "
+                f"step ({env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}): its PALS "
+                "variables and apinfo file came with the environment srun passed on. Fix: "
+                "launch this step with srun --mpi=cray_shasta, or unset PALS_* before srun")
+    if service != "pmi":
+        return ""
+    why = heterogeneous(env)
+    if why is None:
+        return ""
+    return (f"{why}, and SLURM's pmi2 plugin does not join the components of a "
+            "heterogeneous step (MPI_Init itself never returns there). Fix: launch with "
+            "srun --mpi=pmix or --mpi=cray_shasta (distenv asks their service), or set "
+            "MASTER_ADDR (and NODE_RANK) for every task")
+
+
 class Slurm(Source):
     name = "slurm"
     title = "SLURM"
     family = "slurm"
-    pass_on = "srun passes the job script's environment"
-    label_var = ("SLURM_LABELIO", (), "srun --label")
+    launch = Launch(aliases=("slurm", "srun"), can_be_per_node=True)
+    services = Services(
+        "apinfo", "pmix", "pmi",
+        # --mpi=none (SLURM_MPI_TYPE=none) offers none: a task then learns where task 0 runs only
+        # from slurmctld (`sattach --layout`, one controller RPC per task: 4-24 ms each measured
+        # here, N calls for N tasks at every job start), which distenv does not do
+        fix="launch with srun --mpi=pmix or --mpi=cray_shasta (or --mpi=pmi2 unless the "
+            "step is heterogeneous): distenv then asks that service",
+        refuses=refuses,
+    )
+    passing = PassOn(
+        how="srun passes the job script's environment",
+        label_var=("SLURM_LABELIO", (), "srun --label"),
+    )
+    frameworks = Frameworks(
+        covers=("jax:slurm",),  # JAX reads these variables too (jax/_src/clusters)
+    )
+    doctor = Doctor(command="srun", programs=("srun",))
     prefixes = ('SLURM_',)
-    covers = ("jax:slurm",)  # JAX reads these variables too (jax/_src/clusters)
-    aliases = ("slurm", "srun")
-    can_be_per_node = True
-    # --mpi=cray_shasta: the apinfo file; --mpi=pmix: PMIx; --mpi=pmi2: PMI-1 to the stepd
-    services = ("apinfo", "pmix", "pmi")
-    version_command = "srun"
-    programs = ("srun",)
-    # --mpi=none (SLURM_MPI_TYPE=none) offers none: a task then learns where task 0 runs only
-    # from slurmctld (`sattach --layout`, one controller RPC per task: 4-24 ms each measured
-    # here, N calls for N tasks at every job start), which distenv does not do
-    service_fix = ("launch with srun --mpi=pmix or --mpi=cray_shasta (or --mpi=pmi2 unless the "
-                   "step is heterogeneous): distenv then asks that service")
 
     def detect(self, env: "Env") -> bool:
         step = step_id(env)
         return step is not None and step.strip() not in NOT_TASK_STEPS and "SLURM_PROCID" in env
-
-    def refuses(self, service: str, env: "Env") -> str:
-        """PMI-1 (``--mpi=pmi2``) in a heterogeneous step: the plugin does not join the
-        components -- measured, SLURM 22.05, ``srun -w node2 : -w node1``: distenv's barrier
-        never completed, and neither did MPICH's own MPI_Init without distenv -- so asking
-        would only wait for the timeout. The apinfo file of another step (`pals.other_step`):
-        it places that step's tasks, not this one's."""
-        if service == "apinfo":
-            from .pals import other_step
-
-            step = other_step(env)
-            if step is None:
-                return ""
-            return (f"PALS_APID={env.get('PALS_APID')} names step {step} of this job, not this "
-                    f"step ({env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}): its PALS "
-                    "variables and apinfo file came with the environment srun passed on. Fix: "
-                    "launch this step with srun --mpi=cray_shasta, or unset PALS_* before srun")
-        if service != "pmi":
-            return ""
-        why = heterogeneous(env)
-        if why is None:
-            return ""
-        return (f"{why}, and SLURM's pmi2 plugin does not join the components of a "
-                "heterogeneous step (MPI_Init itself never returns there). Fix: launch with "
-                "srun --mpi=pmix or --mpi=cray_shasta (distenv asks their service), or set "
-                "MASTER_ADDR (and NODE_RANK) for every task")
 
     def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
               ) -> "tuple[Later, str] | None":
@@ -397,7 +402,7 @@ class Slurm(Source):
             plugin = (get("SLURM_MPI_TYPE") or "none").strip()
             ask = ("call distenv.discover() (it asks the --mpi=" + plugin + " service)"
                    if plugin in ("pmix", "pmi2", "cray_shasta") or plugin.startswith("pmix_")
-                   else self.service_fix)
+                   else self.services.fix)
             r.notes.append(Note(doubt[0] + f". Fix: {ask}, or set MASTER_ADDR to task 0's host "
                                 "(and NODE_RANK) for every task", about=("node_rank", "master_addr")))
         elif hosts:

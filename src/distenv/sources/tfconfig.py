@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..core.description import PER_PROCESS, unknown
 from ..errors import DistEnvError
 from ..core.reading import parse_json, show
-from . import Source
+from . import Launch, Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class TFConfig(Source):
     title = "TF_CONFIG"
     family = "tensorflow"
     prefixes = ('TF_CONFIG',)
-    aliases = ("tf_config", "tensorflow")
+    launch = Launch(aliases=("tf_config", "tensorflow"))
 
     def place(self, env: "Env", values: "dict[str, Any]", per_node: bool
               ) -> "tuple[Later, str] | None":

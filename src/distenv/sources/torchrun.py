@@ -11,7 +11,7 @@ of workers); GROUP_RANK is the order by lowest rank (torch numbers ranks agent b
 from __future__ import annotations
 
 from ..core.description import PER_PROCESS
-from . import Source
+from . import Doctor, Launch, Source
 from ._common import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -24,11 +24,13 @@ class TorchRun(Source):
     title = "torchrun"
     family = "torch"
     prefixes = ('TORCHELASTIC_', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_', 'LOCAL_WORLD_SIZE')
-    version_package = "torch"
+    launch = Launch(
+        aliases=("torchrun", "torch.distributed.launch", "torchelastic"),
+        node_order="torchrun numbers nodes in rendezvous order, not in any host list",
+    )
+    doctor = Doctor(package="torch")
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT")
-    aliases = ("torchrun", "torch.distributed.launch", "torchelastic")
-    node_order = "torchrun numbers nodes in rendezvous order, not in any host list"
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS

@@ -52,10 +52,10 @@ def tf_config(env: "DistEnv | Mapping[str, str] | None" = None, *,
     if raw:
         return _passthrough(raw, d)
     source = source_of(d.launcher)
-    if source.tf_cluster:  # the platform describes the cluster itself
-        config = source.tf_config(src)
+    if source.frameworks.tf_cluster:  # the platform describes the cluster itself
+        config = source.frameworks.tf_config(src) if source.frameworks.tf_config else None
         if config is None:
-            raise DistEnvError(f"{source.tf_cluster} has no TensorFlow-style 'cluster' mapping of "
+            raise DistEnvError(f"{source.frameworks.tf_cluster} has no TensorFlow-style 'cluster' mapping of "
                                "lists. Fix: give it {\"cluster\": {\"worker\": [\"host:port\", "
                                "...]}}, or set TF_CONFIG yourself.")
         return config
@@ -73,7 +73,7 @@ def hosts_needed(d: DistEnv, src: "Mapping[str, str]", hostfile: "str | None" = 
             or src.get("TF_CONFIG") or hostfile or knobs.hostfile(src) \
             or (gather if gather is not None else knobs.gather(src)):
         return ()
-    return () if source_of(d.launcher).tf_cluster else ("rank_hosts",)  # last: loads the source
+    return () if source_of(d.launcher).frameworks.tf_cluster else ("rank_hosts",)  # last: loads the source
 
 
 def _passthrough(raw: str, d: DistEnv) -> "dict[str, Any]":
@@ -155,10 +155,11 @@ def _how(d: DistEnv) -> str:
            "line, in mpirun's order), or gather=True / DISTENV_GATHER=mpi4py (needs mpi4py) "
            "to ask the other ranks, or set TF_CONFIG yourself")
     source = source_of(d.launcher)
-    if source.node_order:  # no host list can place its nodes
-        how = f"{source.node_order}: set TF_CONFIG yourself, or launch with mpirun/srun"
-    elif source.pass_on_note(knobs.HOSTFILE):
-        how += f" ({source.pass_on_note(knobs.HOSTFILE)})"
+    note = source.passing.note(knobs.HOSTFILE, source.title)
+    if source.launch.node_order:  # no host list can place its nodes
+        how = f"{source.launch.node_order}: set TF_CONFIG yourself, or launch with mpirun/srun"
+    elif note:
+        how += f" ({note})"
     return how
 
 

@@ -76,7 +76,7 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
     gpus = visible_gpus(src)[0] if cuda is None else len(cuda.split(","))
     single = not src.get("TF_CONFIG") and (
         (d.launch != PER_NODE and d.world_size == 1) or (d.launch == PER_NODE and d.num_nodes == 1)
-    ) and not source_of(d.launcher).tf_cluster  # last: it loads the source modules
+    ) and not source_of(d.launcher).frameworks.tf_cluster  # last: it loads the source modules
     threads = thread_counts(d)
     if single:
         return Plan(d, "mirrored" if gpus > 1 else "default", cuda, cuda_why, threads)

@@ -70,7 +70,7 @@ def patch_environ(environ: "MutableMapping[str, str] | None" = None, discover: b
     out["env"] = d
     initialised = _hooks().tf_initialized()
     # A cluster the platform describes (TF_CONFIG, or its own: Google Cloud's CLUSTER_SPEC).
-    platform_cluster = bool(src.get("TF_CONFIG")) or bool(source_of(d.launcher).tf_cluster)
+    platform_cluster = bool(src.get("TF_CONFIG")) or bool(source_of(d.launcher).frameworks.tf_cluster)
     if d.launch == PER_NODE and (d.nproc_per_node or 1) > 1 and not platform_cluster:
         gpus, gpus_why = visible_gpus(src)
         if gpus != d.nproc_per_node:

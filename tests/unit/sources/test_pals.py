@@ -124,7 +124,7 @@ def test_pals_variables_of_another_step_of_the_job_are_left_to_slurm():
     assert other_step(env) == "0" and carried_by(env) == "slurm"
     got = resolve(env)
     assert (got.launcher, got.rank) == ("slurm", int(env["SLURM_PROCID"])) and got.rank != 0
-    refused = SLURM.refuses("apinfo", env)
+    refused = SLURM.services.refuses("apinfo", env)
     assert f"PALS_APID={job}.0 names step 0" in refused and "Fix:" in refused
     env["SLURM_STEP_ID"] = "0"  # its own step: not another's, and the rank mix is an error
-    assert other_step(env) is None and SLURM.refuses("apinfo", env) == ""
+    assert other_step(env) is None and SLURM.services.refuses("apinfo", env) == ""

@@ -166,14 +166,14 @@ def test_the_notes_and_fixes_speak_of_ray():
     from distenv.sources import source_of
 
     ray = source_of("ray")
-    assert ray.passes_on("OMP_NUM_THREADS", 1) == \
+    assert ray.passing.fill("OMP_NUM_THREADS", 1) == \
         'ray.init(runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})'
 
 
 def test_lightning_is_left_to_rays_integration():
     from distenv.sources import adapter_acts, source_of
 
-    assert "RayDDPStrategy" in source_of("ray").instead["lightning"]
+    assert "RayDDPStrategy" in source_of("ray").frameworks.instead["lightning"]
     assert adapter_acts("slurm", "lightning") and adapter_acts("torchrun", "lightning")
 
 
