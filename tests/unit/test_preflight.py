@@ -464,3 +464,45 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_where_needed():
     p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC},
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "ok", p.stderr
+
+
+def test_process_0_hears_those_at_its_door_before_it_names_anyone():
+    """At its deadline process 0 first reads the hellos already accepted or queued in its
+    backlog (up to DRAIN seconds): a process whose request waited there came in time, however
+    slowly process 0 got to it under load (issue 42, item 5: 439 present peers were named)."""
+    m = meeting(3, 0, free_port(), timeout=1.0)
+    host = preflight._Host(m, time.monotonic())
+    try:
+        host.queued = True  # a connection waits in the backlog
+        host._decide(host.deadline + preflight.DRAIN / 2)
+        assert host.verdict is None
+        host._hello(f"{preflight.PROTOCOL} {preflight.key(m)} 1 nodeA 11")  # read now: it came
+        host._decide(host.deadline + preflight.DRAIN + 0.01)
+        assert host.verdict == "missing 1 2\n" and host.missing == [2]
+        late = preflight._Host(meeting(3, 0, free_port(), timeout=1.0), time.monotonic())
+        try:
+            late.queued = False  # nobody at the door: the verdict at the deadline itself
+            late._decide(late.deadline)
+            assert late.verdict == "missing 2 1,2\n"
+        finally:
+            late.listener.close()
+    finally:
+        host.listener.close()
+
+
+def test_a_listener_that_takes_the_hello_but_does_not_answer_is_busy_not_gone():
+    """A request process 0's listener took (it is alive, slow) reads as "busy": a process that
+    met it waits on for its verdict instead of leaving with "lost it"; nothing listening reads
+    as "refused"."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(8)  # never accepts: the kernel queues the connection and its hello
+    try:
+        addresses = preflight._addresses("127.0.0.1", busy.getsockname()[1])
+        start = time.monotonic()
+        assert preflight._ask(addresses, b"hello\n", 0.3) == "busy"
+        assert time.monotonic() - start < 2.0
+    finally:
+        busy.close()
+    closed = free_port()  # bound, never listening
+    assert preflight._ask(preflight._addresses("127.0.0.1", closed), b"hello\n", 0.3) == "refused"

@@ -63,6 +63,10 @@ CONCURRENT = 256
 REPLY_WAIT = 10.0
 #: Seconds process 0 keeps answering, after its verdict, for those that came and lack it.
 LINGER = 30.0
+#: Seconds past its deadline process 0 still reads the hellos already at its door (accepted, or
+#: queued in the listen backlog) before it names anyone: a process whose request was waiting
+#: there came in time, however slowly process 0 got to it under load.
+DRAIN = 1.0
 #: Seconds a rank waits on a store past its own deadline before it looks for process 0 itself:
 #: process 0, which started about when it did, gives its verdict at its own deadline.
 STORE_GRACE = 2.0
@@ -296,6 +300,7 @@ class _Host:
         self.sel = selectors.DefaultSelector()
         self.limit = max(8, min(CONCURRENT, (descriptors() - 64) // 2))
         self.accepting = False
+        self.queued = True  # connections may wait in the backlog (until an accept finds none)
 
     def _listen(self) -> socket.socket:
         m = self.m
@@ -359,8 +364,12 @@ class _Host:
         while len(self.open) < self.limit:
             try:
                 sock, _ = self.listener.accept()
-            except OSError:  # nothing pending (BlockingIOError), or the peer left already
+            except BlockingIOError:  # nothing pending
+                self.queued = False
                 return
+            except OSError:  # the peer left already
+                return
+            self.queued = True
             sock.setblocking(False)
             fd = sock.fileno()
             self.open[fd] = _Conn(sock, now + HELLO_WAIT)
@@ -428,6 +437,8 @@ class _Host:
         elif len(self.came) >= self.m.size - 1:
             self.verdict = "go\n"
         elif now >= self.deadline:
+            if (self.queued or self.open) and now < self.deadline + DRAIN:
+                return  # first hear those at the door: they came in time
             self.missing = self._missing()
             self.verdict = _missing_line(len(self.missing), self.missing[:SHOWN])
         else:
@@ -507,11 +518,10 @@ def _visit(m: Meeting, t0: float) -> None:
     addresses: "list[tuple[int, Any]]" = []
     while True:
         now = time.monotonic()
-        if now >= end:
-            break
         if not addresses:
             addresses = _addresses(m.host, m.port)
-        words = _ask(addresses, hello, end - now).split()
+        # A request even when a starved thread wakes past `end`: the verdict may be waiting.
+        words = _ask(addresses, hello, max(end - now, 2 * MIN_PACE)).split()
         if words == ["refused"]:
             refused += 1
         elif words:
@@ -527,8 +537,14 @@ def _visit(m: Meeting, t0: float) -> None:
                 met = (came, size)
                 # process 0 gives its verdict when its own time is up: wait for it a little longer
                 end = min(max(end, now + left + 1.5 * cap + 5.0), longest)
+        elif words == ["busy"] and met is not None:
+            # process 0 took the request but had no time to answer: it is alive and answers,
+            # lingering after its verdict, everyone who came -- wait on, as long as it may
+            end = min(max(end, time.monotonic() + 1.5 * cap + 5.0), longest)
         elif words == ["other"]:
             other = True
+        if time.monotonic() >= end:
+            break
         time.sleep(max(0.0, min(pause * jitter(), end - time.monotonic())))
         pause = min(pause * 1.5, cap)
     raise DistEnvError(unreachable(m, met, other, "nothing listens at its port: it has not "
@@ -671,22 +687,25 @@ def _addresses(host: str, port: int) -> "list[tuple[int, Any]]":
 
 def _ask(addresses: "list[tuple[int, Any]]", hello: bytes, left: float) -> str:
     """One request: say hello, read the one-line answer ("" when nothing answered; "refused"
-    when nothing listens at any address). The request ends within `left` seconds (and
-    REPLY_WAIT) in all: a peer that trickles bytes cannot stretch it read by read."""
+    when nothing listens at any address; "busy" when process 0's listener took the hello but
+    no answer came in time: it is there, and slow). The request ends within `left` seconds
+    (and REPLY_WAIT) in all: a peer that trickles bytes cannot stretch it read by read."""
     deadline = time.monotonic() + min(max(left, 0.05), REPLY_WAIT)
     refused = bool(addresses)
     for family, addr in addresses:
         sock = socket.socket(family, socket.SOCK_STREAM)
+        sent = False
         try:
             sock.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
             sock.connect(addr)
             refused = False
             sock.sendall(hello)
+            sent = True
             data = b""
             while not data.endswith(b"\n") and len(data) < HELLO_MAX:
                 rest = deadline - time.monotonic()
                 if rest <= 0:
-                    return ""
+                    return "busy"
                 sock.settimeout(rest)
                 chunk = sock.recv(HELLO_MAX - len(data))
                 if not chunk:
@@ -694,6 +713,11 @@ def _ask(addresses: "list[tuple[int, Any]]", hello: bytes, left: float) -> str:
                 data += chunk
             return data.decode("ascii", "replace").strip()
         except ConnectionRefusedError:
+            continue
+        except socket.timeout:  # TimeoutError from Python 3.10
+            if sent:
+                return "busy"
+            refused = False
             continue
         except OSError:
             refused = False
