@@ -25,8 +25,8 @@ CASES = {
 }
 
 
-def _records(lay, given):
-    result = harness.launch(lay, [harness.PY, PROBE, "bring-up"], env={"MASTER_ADDR": given},
+def _records(lay, given, extra_env=None):
+    result = harness.launch(lay, [harness.PY, PROBE, "bring-up"], env={"MASTER_ADDR": given, **(extra_env or {})},
                             extra=("-x", "MASTER_ADDR") if lay.launcher == "openmpi5" else (),
                             timeout=300)
     records = [r for out, _ in result["files"].values() for r in harness.parse_records(out)]
@@ -51,3 +51,17 @@ def test_another_hosts_name_or_address_is_refused_on_every_rank_and_rank_0s_pass
             f"is an address of {other}, another host of the job, but rank 0 runs on {first}" in error, r
     for r in _records(lay, harness.NODE_IP[first]):  # another name of rank 0's host: fine
         assert "error" not in r and r["env"]["master_addr"] == harness.NODE_IP[first], r
+
+
+def test_a_per_node_launch_refuses_a_master_on_another_node_than_node_0(need):
+    """srun -N2 -n2, one task per node, DISTENV_NPROC_PER_NODE=2 (what `distenv run` and
+    Lightning start workers from): node 0's torchrun binds the master port on node1, so
+    MASTER_ADDR=node2 (or node2's address) is refused on both nodes; node1's address passes."""
+    lay = need(BLOCK)
+    per_node = {"DISTENV_NPROC_PER_NODE": "2"}
+    for given in ("node2", harness.NODE_IP["node2"]):
+        for r in _records(lay, given, per_node):
+            error = r.get("error", "")
+            assert f"master_addr={given}" in error and "rank 0 runs on node1" in error, r
+    for r in _records(lay, harness.NODE_IP["node1"], per_node):
+        assert "error" not in r and r["env"]["launch"] == "per-node", r

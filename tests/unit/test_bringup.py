@@ -337,3 +337,17 @@ def test_an_address_of_another_node_is_refused_as_its_name_is(names, monkeypatch
         assert time.monotonic() - start < 2.0, fine
     del names["node1"]  # rank 0's own addresses unknown: nothing proven
     assert bringup.completed(distenv.resolve({**env, "MASTER_ADDR": "10.0.0.2"})).master_addr == "10.0.0.2"
+
+
+def test_a_per_node_launch_refuses_a_master_given_on_another_node_than_node_0():
+    """srun -N2 --ntasks-per-node=1 with DISTENV_NPROC_PER_NODE=2 (distenv run, Lightning start
+    the workers): worker 0 runs on node 0 (node1), whose torchrun binds the master port; a
+    MASTER_ADDR naming node2 made both torchruns wait there. Node 0's host passes."""
+    from envs import slurm
+
+    for rank in (0, 1):
+        env = {**slurm(rank, nodelist="node[1-2]", tasks="1(x2)", ntasks=2, nnodes=2, nodeid=rank,
+                       localid=0), "DISTENV_NPROC_PER_NODE": "2"}
+        with pytest.raises(DistEnvError, match=r"master_addr=node2 .* rank 0 runs on node1"):
+            bringup.completed(distenv.resolve({**env, "MASTER_ADDR": "node2"}))
+        assert bringup.completed(distenv.resolve({**env, "MASTER_ADDR": "node1"})).master_addr == "node1"

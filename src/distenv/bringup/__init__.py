@@ -133,17 +133,17 @@ def completed(env: DistEnv, *, nodes: bool = False, need: "tuple[str, ...] | Non
     from the launcher's own service, in a distributed launch (`distenv.discovery.complete`:
     nothing is asked when they are known; collective under PMI-1: every process calls it)."""
     need = needs(env, nodes) if need is None else need
-    if env.is_distributed and env.launch != PER_NODE and \
-            kind_of(env.provenance.get("master_addr")) == GIVEN:
+    if env.is_distributed and kind_of(env.provenance.get("master_addr")) == GIVEN:
         # A master address set by hand must be rank 0's host: checked against where the
-        # launch places rank 0 -- its own placement, else the service's (asked for it)
+        # launch places rank 0 -- its own placement (a per-node launch's too: worker 0 runs on
+        # node 0, whose torchrun binds the master port), else the service's (asked for it)
         placed = env.rank_hosts
         if placed is not None:
             from ..core.placement import not_rank_0s
 
             not_rank_0s(env, placed[0], set(placed), f"the launch's placement: "
                                                      f"{env.provenance.get('rank_hosts')}")
-        elif "rank_hosts" not in need:
+        elif env.launch != PER_NODE and "rank_hosts" not in need:
             need = (*need, "rank_hosts")
     if env.is_distributed and kind_of(env.provenance.get("master_port")) == DEFAULT \
             and "rank_hosts" not in need:
