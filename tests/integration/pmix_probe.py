@@ -282,11 +282,16 @@ def dead_child(libmpi: str) -> None:
     relay = pmix_relay.open_relay(os.environ)  # None with DISTENV_PMIX_RELAY=0
     env = None if relay is None else {**os.environ, **relay.env}
     src = os.path.dirname(os.path.dirname(os.path.dirname(pmix.__file__)))
-    p = subprocess.run([sys.executable, "-S", "-E", "-s", "-c", DEAD_CHILD, src, *found.libs],
-                       env=env, capture_output=True, text=True, timeout=120)
+    read, write = os.pipe()
+    p = subprocess.Popen([sys.executable, "-S", "-E", "-s", "-c", DEAD_CHILD, src, *found.libs],
+                         env=env, stdout=write)
+    os.close(write)
+    out = pmix_relay.collect(read, time.monotonic() + 120, relay)  # relaying meanwhile
+    os.close(read)
+    p.wait(30)
     if relay is not None:
-        relay.stop()
-    hosts = json.loads(p.stdout.strip().splitlines()[-1])
+        relay.stop(task=found.chain)
+    hosts = json.loads(out.decode().strip().splitlines()[-1])
     time.sleep(0.5)  # the server has handled whatever close it saw
     emit({"truth": truth(), "relayed": relay is not None, "child_hosts": hosts,
           "mpi": mpi_job(libmpi)})

@@ -5,6 +5,7 @@ timeout. The real servers: tests/integration/test_pmix_discovery.py."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import struct
@@ -332,16 +333,51 @@ def calls(log, gets=False):
 
 
 def test_child_mode_queries_in_another_process_and_finalizes_there(fake_lib, monkeypatch, tmp_path):
+    """A threaded process (this test worker's) starts a fresh interpreter for the query."""
     log = fake_env(monkeypatch, tmp_path)
+    monkeypatch.setattr(pmix, "single_threaded", lambda: False)
     found = pmix.Offer("fake@1", 1, "prrte", "prted", [fake_lib], [], "PMIx server prted")
     loaded_before = fake_lib in open("/proc/self/maps").read()  # by another test's in-process run
     got = pmix.query(timeout=120, found=found)
     assert (got.rank, got.size, got.hosts, got.mode) == (1, 3, ["node2", "node2", "node1"], "child")
-    assert got.lib == fake_lib and got.version == "FakePMIx 0.1"
+    assert got.lib == fake_lib and got.version == "FakePMIx 0.1" and got.how == "interpreter"
     (init, child), (fin, child2) = calls(log)
     assert (init, fin) == ("init", "finalize") and child == child2 != str(os.getpid())
     assert pmix.used() and pmix.query(timeout=1) is got  # once per process
     assert (fake_lib in open("/proc/self/maps").read()) == loaded_before  # nothing loaded here
+
+
+#: A single-threaded rank: the query process is a fork (no interpreter to start).
+FORKED = r"""
+import json, os, sys, threading
+from distenv.discovery import pmix
+found = pmix.Offer("fake@1", 1, "prrte", "prted", [sys.argv[1]], [], "PMIx server prted")
+assert pmix.single_threaded()
+got = pmix.query(timeout=60, found=found)
+maps = open("/proc/self/maps").read()
+# a thread now: the same process must not fork for a second query
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+print(json.dumps({"pid": os.getpid(), "hosts": got.hosts, "how": got.how, "mode": got.mode,
+                  "loaded_here": sys.argv[1] in maps, "stdout_ok": True}))
+"""
+
+
+def test_a_single_threaded_rank_forks_the_query_process(fake_lib, tmp_path):
+    """The fork answers as the interpreter does, finalizes in the child, leaves nothing of
+    PMIx loaded here, and prints nothing twice (this process's unflushed output stays its own)."""
+    log = tmp_path / "calls"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PMIX_")},
+           "PYTHONPATH": os.pathsep.join(sys.path), "PMIX_NAMESPACE": "fake@1",
+           "FAKE_RANK": "1", "FAKE_LOG": str(log), "FAKE_HOSTS": "node2,node2,node1"}
+    p = subprocess.run([sys.executable, "-c", "print('before', end='');" + FORKED, fake_lib],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("before") == 1
+    got = json.loads(p.stdout.replace("before", "", 1))
+    assert (got["hosts"], got["how"], got["mode"]) == (["node2", "node2", "node1"], "fork", "child")
+    assert not got["loaded_here"]
+    (init, child), (fin, child2) = calls(log)
+    assert (init, fin) == ("init", "finalize") and child == child2 != str(got["pid"])
 
 
 def test_in_process_mode_stays_initialized_until_exit_or_exec(fake_lib, monkeypatch, tmp_path):
@@ -375,6 +411,7 @@ def test_a_server_that_never_answers_ends_within_the_timeout(fake_lib, monkeypat
 
 def test_child_mode_without_an_interpreter_leaves_fields_unknown(monkeypatch):
     monkeypatch.setattr(sys, "executable", "")
+    monkeypatch.setattr(pmix, "single_threaded", lambda: False)
     monkeypatch.setattr(pmix, "mapped", lambda text: [])  # whatever another test loaded here
     found = pmix.Offer("ns", 0, "prrte", "prted", ["/x/libpmix.so.2"], [], "PMIx server prted")
     with pytest.raises(pmix.PMIxUnavailable, match="sys.executable is empty"):
@@ -382,37 +419,49 @@ def test_child_mode_without_an_interpreter_leaves_fields_unknown(monkeypatch):
 
 
 def test_the_query_child_runs_nothing_from_the_working_directory(monkeypatch, tmp_path):
-    """The child is started isolated (-I): a json.py in the rank's working directory ran
-    inside it with -S -E -s ('' stayed on sys.path)."""
+    """The interpreter is started isolated (-I): a json.py in the rank's working directory
+    ran inside it with -S -E -s ('' stayed on sys.path)."""
     (tmp_path / "json.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pmix, "single_threaded", lambda: False)
     found = pmix.Offer("ns", 0, "prrte", "prted", ["/nonexistent/libpmix.so.2"], [], "x")
     with pytest.raises(pmix.PMIxUnavailable):
         pmix._in_child(found, timeout=60)
     assert not (tmp_path / "ran").exists()
 
 
-def test_the_relay_stops_however_the_query_ends(monkeypatch):
-    """A query interrupted by anything (KeyboardInterrupt here), not only a timeout or an
-    OSError, stops the relay and drops what it holds (it stayed open before)."""
-    stopped = []
+def test_the_relay_stops_and_the_query_process_ends_however_the_query_ends(monkeypatch):
+    """A query interrupted by anything (KeyboardInterrupt here), not only a timeout, drops
+    what the relay holds and kills and reaps the query process."""
+    from distenv.discovery import pmix_relay
+
+    stopped, started = [], []
 
     class Relay:
         env: dict = {}
 
-        def stop(self, drop=False):
+        def stop(self, drop=False, task=None):
             stopped.append(drop)
-
-    monkeypatch.setattr(pmix, "open_relay", lambda environ, chain=None: Relay())
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(subprocess, "run", interrupted)
+    def sleeper(found, full, env, out):
+        pid = os.posix_spawn("/bin/sleep", ["sleep", "60"], dict(os.environ))
+        started.append(pid)
+        return pid
+
+    monkeypatch.setattr(pmix_relay, "open_relay", lambda environ: Relay())
+    monkeypatch.setattr(pmix_relay, "collect", interrupted)
+    monkeypatch.setattr(pmix, "single_threaded", lambda: False)
+    monkeypatch.setattr(pmix, "_interpreter", sleeper)
     found = pmix.Offer("ns", 0, "prrte", "prted", ["/x/libpmix.so.2"], [], "x")
+    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        pmix._in_child(found, timeout=5)
-    assert stopped == [True]
+        pmix._in_child(found, timeout=30)
+    assert stopped == [True] and time.monotonic() - t0 < 10
+    with pytest.raises(ChildProcessError):  # killed and reaped: nothing left running
+        os.waitpid(started[0], os.WNOHANG)
 
 
 @pytest.mark.parametrize("mode", ["child", "in-process"])

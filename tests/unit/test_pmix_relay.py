@@ -1,16 +1,19 @@
-"""distenv.discovery.pmix_relay: the query process reaches the PMIx server through this process, and the
-server's end stays open after the query process has closed (real sockets, a fake server)."""
+"""distenv.discovery.pmix_relay: the query process reaches the PMIx server through this process while
+it waits (`collect`), and the server's end stays open after the query process has closed, until
+this process (or the program it execs) ends (real sockets, a fake server)."""
 
 from __future__ import annotations
 
 import os
 import select
 import socket
+import threading
+import time
 
 import pytest
 
 from distenv.discovery import pmix_relay
-from distenv.discovery.pmix_relay import open_relay, server_address
+from distenv.discovery.pmix_relay import collect, open_relay, server_address
 
 URIS = ("PMIX_SERVER_URI41", "PMIX_SERVER_URI4", "PMIX_SERVER_URI3", "PMIX_SERVER_URI2")
 
@@ -41,57 +44,100 @@ def readable(sock: socket.socket, seconds: float) -> bool:
 def server():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    s.listen(1)
+    s.listen(8)
     yield s
     s.close()
 
 
+class Query:
+    """The rank's side while a query runs: `collect` relaying in a thread (this test plays
+    the query process), until `end` closes the answer's pipe as the query process's exit does."""
+
+    def __init__(self, relay, seconds: float = 30):
+        self.relay = relay
+        self.read, self.write = os.pipe()
+        self.result: list = []
+        self.thread = threading.Thread(target=lambda: self.result.append(
+            collect(self.read, time.monotonic() + seconds, relay)))
+        self.thread.start()
+
+    def end(self, answer: bytes = b"answer", drop: bool = False, task=None):
+        os.write(self.write, answer)
+        os.close(self.write)
+        self.thread.join(30)
+        os.close(self.read)
+        self.relay.stop(drop=drop, task=task)
+        return self.result[0]
+
+
+def port_of(relay) -> int:
+    return int(relay.env["PMIX_SERVER_URI41"].rsplit(":", 1)[1])
+
+
 def through(server: socket.socket, **extra):
-    """(relay, the query process's socket, the server's socket for it)."""
+    """(the running query, the query process's socket, the server's socket for it)."""
     environ = {**uris(f"tcp4://127.0.0.1:{server.getsockname()[1]}"), **extra}
     relay = open_relay(environ)
     assert relay is not None
     # the query process gets the relay's address under the server's own name
     assert set(relay.env) == set(URIS)
-    host_port = relay.env["PMIX_SERVER_URI41"]
-    assert host_port.startswith("prterun-vm-42@0.0;tcp4://127.0.0.1:")
-    port = int(host_port.rsplit(":", 1)[1])
-    assert port != server.getsockname()[1]
-    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert relay.env["PMIX_SERVER_URI41"].startswith("prterun-vm-42@0.0;tcp4://127.0.0.1:")
+    assert port_of(relay) != server.getsockname()[1]
+    query = Query(relay)
+    client = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=10)
     server.settimeout(10)
     upstream, _ = server.accept()
     upstream.settimeout(10)  # a relay that stops pumping fails the test, never hangs it
-    return relay, client, upstream
+    return query, client, upstream
 
 
-def test_carries_both_ways_then_holds_the_server_s_end_until_dropped(server):
-    relay, client, upstream = through(server)
+@pytest.fixture(autouse=True)
+def nothing_held(monkeypatch):
+    monkeypatch.setattr(pmix_relay, "held", [])
+
+
+def test_carries_both_ways_then_holds_the_server_s_end_until_this_process_ends(server):
+    query, client, upstream = through(server)
     client.sendall(b"connect-ack")
     assert upstream.recv(100) == b"connect-ack"
     upstream.sendall(b"reply")
     assert client.recv(100) == b"reply"
     client.close()  # the query process finalized and exited
+    assert query.end() == b"answer"
     # the server sees no close: nothing to read (an EOF would be readable at once)
     assert not readable(upstream, 0.5)
-    upstream.sendall(b"late event")  # the server may still write: drained, not an error
+    (kept,) = pmix_relay.held
+    assert os.get_inheritable(kept.fileno())  # a program this process execs keeps it
+    upstream.sendall(b"late event")  # the server may still write: not an error
     assert not readable(upstream, 0.3)
-    relay.stop(drop=True)  # the query failed: the server must see the loss now
+    kept.close()  # this process ends: a reset (the late event unread) or a close
+    assert readable(upstream, 5)
+    with pytest.raises(ConnectionResetError):
+        upstream.recv(100)
+
+
+def test_a_failed_query_drops_the_connection_at_once(server):
+    query, client, upstream = through(server)
+    client.sendall(b"connect-ack")
+    assert upstream.recv(100) == b"connect-ack"
+    assert query.end(drop=True) == b"answer"
+    assert pmix_relay.held == []  # the server must see the loss now, as without the relay
     assert readable(upstream, 5) and upstream.recv(100) == b""
 
 
 def test_the_server_closing_first_closes_the_query_s_end(server):
-    relay, client, upstream = through(server)
+    query, client, upstream = through(server)
     upstream.close()
     assert readable(client, 5) and client.recv(100) == b""
-    relay.stop()
+    query.end()
+    assert pmix_relay.held == []
 
 
 def test_stop_refuses_new_connections(server):
-    relay, client, upstream = through(server)
-    relay.stop()
-    port = int(relay.env["PMIX_SERVER_URI41"].rsplit(":", 1)[1])
+    query, client, upstream = through(server)
+    query.end()
     with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", port), timeout=2)
+        socket.create_connection(("127.0.0.1", port_of(query.relay)), timeout=2)
     client.close()
 
 
@@ -102,10 +148,84 @@ def test_an_unreachable_server_is_unreachable_through_the_relay_too():
     s.close()  # nobody listens there
     relay = open_relay(uris(f"tcp4://127.0.0.1:{port}"))
     assert relay is not None
-    client = socket.create_connection(
-        ("127.0.0.1", int(relay.env["PMIX_SERVER_URI41"].rsplit(":", 1)[1])), timeout=10)
+    query = Query(relay)
+    client = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=10)
     assert readable(client, 10) and client.recv(100) == b""
-    relay.stop()
+    query.end()
+
+
+def test_the_wait_ends_at_the_deadline_and_says_so(server):
+    relay = open_relay(uris(f"tcp4://127.0.0.1:{server.getsockname()[1]}"))
+    read, write = os.pipe()
+    t0 = time.monotonic()
+    assert collect(read, time.monotonic() + 1, relay) is None  # the writer never closed
+    assert 0.9 < time.monotonic() - t0 < 5
+    for fd in (read, write):
+        os.close(fd)
+    relay.stop(drop=True)
+
+
+def test_another_users_connection_never_reaches_the_server(server):
+    """Bytes from another user (uid 65534) reached the server before: the relay checks the
+    connection's owner in the kernel's socket table and closes it unanswered."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    import encodings.idna  # noqa: F401 - the child cannot import it (root's Python, 0700)
+
+    relay = open_relay(uris(f"tcp4://127.0.0.1:{server.getsockname()[1]}"))
+    query = Query(relay)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(65534)
+            s = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=5)
+            s.sendall(b"from a stranger")
+            s.settimeout(5)
+            try:
+                got = s.recv(10)
+            except ConnectionResetError:  # closed with our bytes unread: a reset
+                got = b""
+            os._exit(0 if got == b"" else 1)  # closed on it, nothing relayed
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    server.settimeout(1)
+    with pytest.raises(socket.timeout):
+        server.accept()  # no connection was made to the server for it
+    # this user's connection still goes through
+    mine = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=5)
+    server.settimeout(10)
+    up, _ = server.accept()
+    mine.sendall(b"ok")
+    assert up.recv(2) == b"ok"
+    query.end(drop=True)
+
+
+def test_at_most_the_cap_and_unused_connections_are_not_held(server):
+    """40 connections held 41 server sockets before: now at most MAX_CONNECTIONS, and a
+    connection that never carried a byte closes the server's end."""
+    assert pmix_relay.MAX_CONNECTIONS == 2
+    relay = open_relay(uris(f"tcp4://127.0.0.1:{server.getsockname()[1]}"))
+    query = Query(relay)
+    first = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=5)
+    server.settimeout(10)
+    up1, _ = server.accept()
+    first.close()  # never used
+    up1.settimeout(10)
+    second = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=5)
+    up2, _ = server.accept()
+    with pytest.raises(OSError):  # the cap is reached: no more listening
+        third = socket.create_connection(("127.0.0.1", port_of(relay)), timeout=2)
+        third.settimeout(2)
+        assert third.recv(1) == b""
+        raise ConnectionRefusedError
+    second.sendall(b"used")
+    assert up2.recv(4) == b"used"
+    second.close()
+    query.end()
+    assert up1.recv(10) == b""  # the unused one's server end closed, not held
+    assert len(pmix_relay.held) == 1 and not readable(up2, 0.3)
 
 
 @pytest.mark.parametrize("value", ["0", "off", "no", "false"])
@@ -122,32 +242,51 @@ def test_no_loopback_means_no_relay(monkeypatch, server):
     assert open_relay(uris(f"tcp4://127.0.0.1:{server.getsockname()[1]}")) is None
 
 
-EXEC_AFTER = r"""
+#: A rank: its query process (a fork here) talks to the server through the relay and exits;
+#: then the rank hands what the relay holds to the task (`argv[2]`: "self", or "parent" -- a
+#: job script, with `argv[3]` the daemon whose holder serves it) and execs or ends.
+QUERY_THEN = r"""
 import os, socket, sys, time
-from distenv.discovery.pmix_relay import open_relay
-port = int(sys.argv[1])
-relay = open_relay({"PMIX_SERVER_URI41": "srv.0;tcp4://127.0.0.1:%d" % port})
-client = socket.create_connection(("127.0.0.1", int(relay.env["PMIX_SERVER_URI41"].rsplit(":", 1)[1])))
-client.sendall(b"hello")
-assert client.recv(5) == b"howdy"
-client.close()        # the query process is done
-relay.stop()
-time.sleep(0.2)       # the relay has seen the close (it holds the server's end now)
-os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1.5)"])  # as distenv run
+from distenv.discovery import pmix_relay
+port, task = int(sys.argv[1]), sys.argv[2]
+relay = pmix_relay.open_relay({"PMIX_SERVER_URI41": "srv.0;tcp4://127.0.0.1:%d" % port})
+read, write = os.pipe()
+if os.fork() == 0:  # the query process
+    client = socket.create_connection(("127.0.0.1", int(relay.env["PMIX_SERVER_URI41"].rsplit(":", 1)[1])))
+    client.sendall(b"hello")
+    assert client.recv(5) == b"howdy"
+    client.close()
+    os._exit(0)
+os.close(write)
+assert pmix_relay.collect(read, time.monotonic() + 30, relay) == b""
+os.wait()
+if task == "self":
+    relay.stop()
+    assert len(pmix_relay.held) == 1
+    time.sleep(0.2)
+    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1.5)"])  # as distenv run
+from distenv.discovery.chain import Chain
+from distenv.discovery.holder import start_time
+daemon = int(sys.argv[3])
+relay.stop(task=Chain(daemon, "test", None, os.getppid(), start_time(os.getppid()), ["sh"]))
+assert pmix_relay.held == []  # the task's holder has it
 """
 
 
-def test_the_held_end_survives_exec_and_closes_when_the_command_ends(server):
+@pytest.mark.parametrize("task", ["self", "parent"])
+def test_the_held_end_closes_when_the_task_ends(server, task):
     """`distenv run` execs the command after the query: the server sees the close only when
-    the command has ended, not at the exec."""
-    import os
+    the command has ended, not at the exec ("self"). A job script ran Python, which asked
+    and ended: the server sees the close when the script ends ("parent": the task's holder
+    holds it)."""
     import subprocess
     import sys
-    import time
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    p = subprocess.Popen([sys.executable, "-c", EXEC_AFTER, str(server.getsockname()[1])],
-                         env=env)
+    argv = [sys.executable, "-c", QUERY_THEN, str(server.getsockname()[1]), task]
+    if task == "parent":
+        argv = ["sh", "-c", '"$@"; sleep 1.5', "sh", *argv, str(os.getpid())]
+    p = subprocess.Popen(argv, env=env)
     server.settimeout(20)
     upstream, _ = server.accept()
     assert upstream.recv(5) == b"hello"
@@ -156,7 +295,7 @@ def test_the_held_end_survives_exec_and_closes_when_the_command_ends(server):
     assert readable(upstream, 30) and upstream.recv(100) == b""  # the close, at last
     held = time.monotonic() - start
     assert p.wait(10) == 0
-    assert held >= 1.5, held  # not at the exec (0.2 s in) but at the command's end
+    assert held >= 1.5, held  # not when Python ended or exec'ed but at the task's end
 
 
 def test_descriptors_beyond_fd_setsize(server):
@@ -174,15 +313,15 @@ def test_descriptors_beyond_fd_setsize(server):
     try:
         while len(filler) < 1100:
             filler.append(os.dup(devnull))
-        relay, client, upstream = through(server)
+        query, client, upstream = through(server)
         assert client.fileno() > 1024  # the relay's own sockets come after these too
         client.sendall(b"connect-ack")
         assert upstream.recv(100) == b"connect-ack"
         upstream.sendall(b"reply")
         assert readable(client, 5) and client.recv(100) == b"reply"
         client.close()
-        assert not readable(upstream, 0.3)
-        relay.stop(drop=True)
+        query.end(drop=True)
+        assert readable(upstream, 5) and upstream.recv(100) == b""
     finally:
         for fd in filler + [devnull]:
             os.close(fd)

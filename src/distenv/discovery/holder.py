@@ -13,8 +13,9 @@ as long as the Python that asked:
   second (``mpi/pmi2: invalid pmi1 command received: 'init'``, measured). After distenv's
   exchange the task's ``PMI_FD`` is this relay: it answers a later ``init`` (an MPI library's
   ``MPI_Init``) with the stepd's own answer to distenv's, and passes every other line on.
-* **PMIx over TCP**: the query process connects through this relay, and the server's end of
-  that connection is held until the task ends (PMIx 5.0's finalize race: docs/discovery.md).
+* **PMIx over TCP**: the server's end of the query's connection, relayed by the rank
+  (`distenv.discovery.pmix_relay`), is held until the task ends where the task is not the
+  Python that asked (a job script): PMIx 5.0's finalize race, docs/discovery.md.
 * **The claim**: a later program of the same task (the job script's next ``python``) gets the
   answer from here instead of asking the service a second time.
 
@@ -32,8 +33,7 @@ task. Starting an interpreter per rank cost a second of wall time at 64 ranks on
 (``benchmarks/bench_slurm_services.py``). It ends when every task it watched has ended.
 
 Who may talk to it: only this user's processes that descend from the daemon it serves
-(SO_PEERCRED, /proc); the PMIx relay's loopback listener accepts only connections owned by this
-user (the kernel's /proc/net/tcp), at most `cap`, and only while the query runs; the claim (an
+(SO_PEERCRED, /proc); the claim (an
 abstract socket named after the task) answers only this user's processes of that task.
 docs/guarantees.md has the trust model.
 
@@ -44,8 +44,7 @@ connection is ``watch`` (the task's pid and start time); the others are that tas
 ``finalize`` (a PMI-1 connection), ``pmi_relay`` (the stepd's connection and the rank's end
 of a socket pair, taken before the exchange) and ``pmi_go`` (after it: the stepd's answer to
 our init),
-``pmix_relay`` (a listening socket, the server's address, the cap), ``pmix_done``, ``claim``
-(a listening abstract socket, the answer).
+``hold`` (a connection to keep open), ``claim`` (a listening abstract socket, the answer).
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ MAX_CTRL = 64 << 20
 #: This file: what a holder process runs (``python -I -S PROGRAM``), which its clients check.
 PROGRAM = os.path.abspath(__file__)
 #: How many descriptors each duty comes with (the rest come with none).
-TAKES = {"finalize": 1, "pmi_relay": 2, "pmix_relay": 1, "claim": 1}
+TAKES = {"finalize": 1, "pmi_relay": 2, "hold": 1, "claim": 1}
 #: Seconds the holder waits for a ``finalize_ack`` once a task has ended.
 FINALIZE_WAIT = 5.0
 #: Seconds a new holder waits for its first task before it ends.
@@ -258,7 +257,10 @@ def start(task: int, task_start: "int | None", timeout: float = 30.0,
                 conn.close()  # it was ending as we came: start another
         elif not spawned:
             spawned = _spawn(name, daemon[0] if daemon else task)
-            continue
+            if spawned:
+                continue
+            # another task of this node is starting the holder: wait for it (not a busy
+            # retry -- 63 ranks spinning on 2 cores starved the one holder they wait for)
         if time.monotonic() >= deadline:
             raise HolderError(f"no holder answered on this node within {timeout:g} s")
         time.sleep(0.01)
@@ -311,42 +313,6 @@ def descends(pid: int, ancestor: int, depth: int = 64) -> bool:
             return False
         pid = parent
     return False
-
-
-def tcp_owner(local: "tuple[str, int]", remote: "tuple[str, int]") -> "int | None":
-    """The uid owning the TCP socket whose local address is `local` and remote `remote`
-    (the kernel's /proc/net/tcp and tcp6), or None when none is listed."""
-    import _socket
-
-    def hexaddr(host: str, port: int, six: bool) -> str:
-        if ":" in host:
-            if not six:
-                raise ValueError(host)
-            raw = _socket.inet_pton(_socket.AF_INET6, host)
-        else:
-            raw = _socket.inet_pton(_socket.AF_INET, host)
-            if six:
-                raw = b"\0" * 10 + b"\xff\xff" + raw  # ::ffff:a.b.c.d
-        # the kernel prints each 32-bit word in host order
-        words = [raw[i:i + 4][::-1] if sys.byteorder == "little" else raw[i:i + 4]
-                 for i in range(0, len(raw), 4)]
-        return b"".join(words).hex().upper() + f":{port:04X}"
-
-    for six, table in ((False, "/proc/net/tcp"), (True, "/proc/net/tcp6")):
-        try:
-            want = (hexaddr(*local, six), hexaddr(*remote, six))
-        except (ValueError, OSError):
-            continue
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    parts = line.split()
-                    if len(parts) > 7 and (parts[1], parts[2]) == want:
-                        return int(parts[7])
-        except (OSError, StopIteration, ValueError):
-            continue
-    return None
 
 
 # -- the holder itself ------------------------------------------------------------------------
@@ -442,7 +408,7 @@ class _Task:
         self.main, self.pid, self.start = main, pid, start
         self.finalize: "list[Any]" = []
         self.relays: "list[_PmiRelay]" = []
-        self.pmix: "list[_PmixRelay]" = []
+        self.held: "list[Any]" = []
         self.claims: "list[_Claim]" = []
         self.pidfd: "int | None" = None
         try:
@@ -462,8 +428,9 @@ class _Task:
             os.close(self.pidfd)
         for claim in self.claims:
             claim.close()
-        for relay in self.pmix:
-            relay.stop(drop=True)
+        for sock in self.held:
+            self.main.loop.drop(sock.fileno())
+            sock.close()
         for r in self.relays:
             r.end()
         for sock in self.finalize:
@@ -488,7 +455,6 @@ class _Main:
         self.loop.add(listener.fileno(), self._accept)
         self.started = time.monotonic()
         self.ever = False
-        self.last_id = 0
 
     def log(self, text: str) -> None:
         if self.log_path:
@@ -553,7 +519,7 @@ class _Main:
                     self._reply(sock, f"error {type(exc).__name__}: {exc}")
                 continue
             if "quiet" not in fields:
-                self._reply(sock, f"ok pid={os.getpid()}" + (f" id={self.last_id}" if op == "pmix_relay" else ""))
+                self._reply(sock, f"ok pid={os.getpid()}")
 
     def _end_session(self, fd: int) -> None:
         session = self.sessions.pop(fd)
@@ -595,17 +561,23 @@ class _Main:
         """The exchange is over: relay, answering a later init with the stepd's to ours."""
         task.relays[-1].go(fields.get("init", ""))
 
-    def _op_pmix_relay(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+    def _op_hold(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
+        """A connection to keep open, drained, until the task ends (the PMIx server's end of a
+        finalized query's connection: `distenv.discovery.pmix_relay`)."""
         (fd,) = fds
-        server = (int(fields["family"]), fields["host"], int(fields["port"]))
-        task.pmix.append(_PmixRelay(self, _sock(fd), server, int(fields.get("max", "2")),
-                                    int(fields.get("uid", self.uid))))
-        self.last_id = len(task.pmix) - 1
+        sock = _sock(fd)
+        task.held.append(sock)
+        self.loop.add(fd, lambda: self._drain(task, sock))
 
-    def _op_pmix_done(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
-        """The query that relay `id` served has ended: no more connections; `drop`: it failed,
-        so the server must see its connection close now, as it would without the relay."""
-        task.pmix[int(fields["id"])].stop(drop=fields.get("drop") == "True")
+    def _drain(self, task: _Task, sock: Any) -> None:
+        try:
+            if sock.recv(65536):
+                return
+        except OSError:
+            pass
+        self.loop.drop(sock.fileno())  # the server closed it: nothing left to hold
+        task.held.remove(sock)
+        sock.close()
 
     def _op_claim(self, task: _Task, fields: "dict[str, str]", fds: "list[int]") -> None:
         (fd,) = fds
@@ -700,95 +672,6 @@ class _PmiRelay:
             _finalize(self.up)
         else:
             self.up.close()
-
-
-class _PmixRelay:
-    """A loopback listener the PMIx query process connects to; each accepted connection (this
-    user's, at most `cap`) is joined to the server, whose end is held after the query process
-    closes its own until the task ends; a connection that never carried a byte is closed."""
-
-    def __init__(self, main: _Main, listener: Any, server: "tuple[int, str, int]", cap: int,
-                 uid: int) -> None:
-        self.main, self.listener, self.server, self.cap, self.uid = main, listener, server, cap, uid
-        self.accepted = 0
-        self.pairs: "list[list[Any]]" = []  # [client, upstream, used]
-        main.loop.add(listener.fileno(), self._accept)
-
-    def _accept(self) -> None:
-        import _socket
-
-        try:
-            fd, peer = self.listener._accept()
-        except OSError:
-            return
-        client = _sock(fd)
-        local = client.getsockname()
-        owner = tcp_owner((peer[0], peer[1]), (local[0], local[1]))
-        if owner != self.uid or self.accepted >= self.cap:
-            self.main.log(f"refused a relay connection from {peer} (owner {owner})")
-            client.close()
-            return
-        self.accepted += 1
-        if self.accepted >= self.cap:
-            self.stop()
-        family, host, port = self.server
-        up = _socket.socket(family, _socket.SOCK_STREAM)
-        try:
-            up.settimeout(30)
-            up.connect((host, port))
-            up.settimeout(None)
-        except OSError:
-            up.close()
-            client.close()  # the query process sees the server unreachable, as without us
-            return
-        pair: "list[Any]" = [client, up, False]
-        self.pairs.append(pair)
-        self.main.loop.add(client.fileno(), lambda: self._pump(pair, 0))
-        self.main.loop.add(up.fileno(), lambda: self._pump(pair, 1))
-
-    def _pump(self, pair: "list[Any]", side: int) -> None:
-        src, dst = pair[side], pair[1 - side]
-        if src is None:  # closed by an earlier event of the same round
-            return
-        try:
-            data = src.recv(65536)
-        except OSError:
-            data = b""
-        if data:
-            pair[2] = True
-            if dst is not None:
-                try:
-                    dst.sendall(data)
-                except OSError:
-                    pass
-            return
-        self.main.loop.drop(src.fileno())
-        if side == 1:  # the server closed: nothing left to hold
-            src.close()
-            if pair[0] is not None:
-                self.main.loop.drop(pair[0].fileno())
-                pair[0].close()
-            pair[0] = pair[1] = None
-            return
-        src.close()  # the query process is done with it
-        pair[0] = None
-        if not pair[2] and pair[1] is not None:  # never used: nothing to hold
-            self.main.loop.drop(pair[1].fileno())
-            pair[1].close()
-            pair[1] = None
-        # else: the server's end stays registered (drained) until the task ends
-
-    def stop(self, drop: bool = False) -> None:
-        if self.listener.fileno() >= 0:
-            self.main.loop.drop(self.listener.fileno())
-            self.listener.close()
-        if drop:
-            for pair in self.pairs:
-                for i in (0, 1):
-                    if pair[i] is not None:
-                        self.main.loop.drop(pair[i].fileno())
-                        pair[i].close()
-                        pair[i] = None
 
 
 class _Claim:

@@ -70,7 +70,6 @@ import time
 from .. import knobs
 from ..errors import DistEnvError
 from .handoff import answered, begin, decode_hosts, encode_hosts, pack, refusal, unpack
-from .pmix_relay import open_relay
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -134,17 +133,19 @@ class Placement:
     `full`) rank 0's alone."""
 
     __slots__ = ("rank", "size", "hosts", "nspace", "lib", "version", "mode", "seconds",
-                 "relayed", "full")
+                 "relayed", "full", "how")
 
     def __init__(self, rank: int, size: int, hosts: "list[str]", nspace: str, lib: str,
                  version: str, mode: str, seconds: float, relayed: bool = False,
-                 full: bool = True) -> None:
+                 full: bool = True, how: str = "") -> None:
         self.rank, self.size, self.hosts, self.nspace = rank, size, hosts, nspace
         self.lib, self.version, self.mode, self.seconds = lib, version, mode, seconds
         #: The child's connection went through `distenv.discovery.pmix_relay` (held until exit).
         self.relayed = relayed
         #: Every rank's host (else rank 0's alone: `query(full=False)`).
         self.full = full
+        #: Mode "child": the query process was a "fork" of this one or a fresh "interpreter".
+        self.how = how
 
     def __repr__(self) -> str:
         return f"Placement(rank={self.rank}, size={self.size}, hosts={self.hosts!r}, lib={self.lib!r})"
@@ -163,6 +164,8 @@ def mapped(maps_text: str) -> "list[str]":
     ``libpmix.so*`` names: PMIx servers also map their lock files (``.../dstore_sm.lock``)."""
     found: "list[str]" = []
     for line in maps_text.splitlines():
+        if "libpmix.so" not in line:  # most of a rank's 500 lines: skipped unparsed
+            continue
         parts = line.split(None, 5)
         if len(parts) == 6:
             path = parts[5].strip()
@@ -480,11 +483,14 @@ def _finalize_at_exit() -> None:
 
 
 def _in_process(found: Offer, timeout: float, full: bool = True) -> "tuple[Placement, _Lib, bool]":
-    """Load, init and read here, in a thread joined with `timeout` (a call into the library
-    cannot be interrupted; a server that never answers must not hang the rank)."""
-    import threading
+    """Load, init and read here, in a thread awaited for `timeout` seconds (a call into the
+    library cannot be interrupted; a server that never answers must not hang the rank).
+    ``_thread``, not ``threading``: its import alone cost a rank 1.4 ms of its 64-rank share."""
+    import _thread
 
     box: "dict[str, Any]" = {}
+    done = _thread.allocate_lock()
+    done.acquire()
 
     def work() -> None:
         try:
@@ -496,12 +502,12 @@ def _in_process(found: Offer, timeout: float, full: bool = True) -> "tuple[Place
             box["answer"] = _query(lib, full)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["error"] = exc
+        finally:
+            done.release()
 
     start = time.monotonic()
-    t = threading.Thread(target=work, name="distenv-pmix", daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
+    _thread.start_new_thread(work, ())  # like a daemon thread: never holds up the exit
+    if not done.acquire(timeout=timeout):
         raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
                         "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR.")
     if "error" in box:
@@ -526,19 +532,22 @@ def _load(libs: "Sequence[str]", tried: "Sequence[str]") -> _Lib:
                     + ". Fix: set MASTER_ADDR (and NODE_RANK), or DISTENV_PMIX=0.")
 
 
-#: What the child interpreter runs (mode "child"): the query, finalize, one JSON line.
+#: The line the query process prints its answer on: this prefix, then `marshal` in hex.
+MARK = "distenv-pmix-answer "
+#: What the query interpreter runs (mode "child" in a threaded process): `_answer`.
 _CHILD = """\
-import json, sys
+import sys
 sys.path.insert(0, sys.argv[1])
 from distenv.discovery import pmix
-print(json.dumps(pmix._child_main(sys.argv[2:])))
+pmix._answer(sys.argv[3:], sys.argv[2] == "full")
 """
 
 
-def _child_main(args: "list[str]") -> "dict[str, Any]":
-    """The child's side of mode "child": ``full`` or ``master`` (`_query`), then the libraries
-    to try; the answer or the error, as a dict."""
-    full, libs = args[0] == "full", args[1:]
+def _answer(libs: "list[str]", full: bool) -> None:
+    """The query process's side of mode "child": load one of `libs`, init, `_query`, finalize,
+    then the answer (or the error) as one `MARK` line on descriptor 1."""
+    import marshal
+
     try:
         lib = _load(libs, [])
         lib.init()
@@ -546,69 +555,140 @@ def _child_main(args: "list[str]") -> "dict[str, Any]":
             rank, size, hosts, nspace = _query(lib, full)
         finally:
             lib.finalize()
-        return {"rank": rank, "size": size, "hosts": hosts, "nspace": nspace, "lib": lib.path,
-                "version": lib.version()}
+        got: "dict[str, Any]" = {"rank": rank, "size": size, "hosts": hosts, "nspace": nspace,
+                                 "lib": lib.path, "version": lib.version()}
     except DistEnvError as exc:
-        return {"error": str(exc), "unavailable": isinstance(exc, PMIxUnavailable)}
+        got = {"error": str(exc), "unavailable": isinstance(exc, PMIxUnavailable)}
+    line = memoryview((MARK + marshal.dumps(got).hex() + "\n").encode())
+    while line:
+        line = line[os.write(1, line):]
 
 
-def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
-    import json
-    import subprocess
+def single_threaded() -> bool:
+    """Is this process one thread (``/proc/self/task``)? Then a fork of it is safe: no other
+    thread can hold a lock (the allocator's, the interpreter's, a library's) the child would
+    find taken forever."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _fork(found: Offer, full: bool, env: "dict[str, str]", out: int) -> int:
+    """The query process as a fork of this one (single-threaded: `single_threaded`). It never
+    returns into the caller's code: `_answer`, then ``os._exit`` (no atexit handler, no flush
+    of this process's buffers runs twice)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.dup2(out, 1)  # the answer, and whatever the library prints
+            os.dup2(out, 2)
+            os.environ.update(env)
+            _answer(found.libs, full)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _interpreter(found: Offer, full: bool, env: "dict[str, str]", out: int) -> int:
+    """The query process as a fresh interpreter (a threaded process must not fork)."""
     import sys
 
-    start = time.monotonic()
     if not sys.executable:
         raise PMIxUnavailable("no Python interpreter to run the PMIx query in (sys.executable "
                               "is empty). Fix: set MASTER_ADDR (and NODE_RANK).")
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # -I -S: an isolated, bare interpreter (no current directory, user site, site or PYTHON*
     # variable runs before the query: a json.py in the rank's working directory ran inside it
-    # with -S -E -s); distenv is found through `src`. The environment (PMIX_*) is this process's.
+    # with -S -E -s); distenv is found through `src`. posix_spawn: no `subprocess` import.
     argv = [sys.executable, "-I", "-S", "-c", _CHILD, src, "full" if full else "master",
             *found.libs]
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)]
+    try:
+        return os.posix_spawn(sys.executable, argv, {**os.environ, **env}, file_actions=actions)
+    except OSError as exc:  # no interpreter to start (embedded Python): nothing to ask with
+        raise PMIxUnavailable(f"could not start the PMIx query process {sys.executable!r} "
+                              f"({exc}). Fix: set MASTER_ADDR (and NODE_RANK).") from None
+
+
+def _reap(pid: int, deadline: float, kill: bool) -> int:
+    """The query process's exit status; killed first when `kill` or when it outlives
+    `deadline` (its answer is in: it is only exiting)."""
+    while not kill and time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.002)
+    try:
+        os.kill(pid, 9)  # SIGKILL on Linux; importing `signal` costs a rank 5 ms (its enums)
+    except ProcessLookupError:
+        pass
+    return os.waitpid(pid, 0)[1]
+
+
+def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
+    """The query in another process (mode "child"): a fork of this one when it is a single
+    thread (no interpreter to start: about 30 ms of CPU less per rank, which is most of the
+    query at 64 ranks on 2 cores), else a fresh interpreter; this process relays its
+    connection to the server meanwhile (`distenv.discovery.pmix_relay`) and reads its answer
+    within `timeout`."""
+    import marshal
+
+    from .pmix_relay import collect, open_relay
+
+    start = time.monotonic()
+    deadline = start + timeout
     # Through a relay that holds the server's end of the child's connection until the task
     # ends: a close that overtakes the server's "finalized" mark makes it count this rank as
     # lost, and MPI_Init here would hang (pmix_relay explains).
-    relay = open_relay(os.environ, found.chain)
-    env = None if relay is None else {**os.environ, **relay.env}
+    relay = open_relay(os.environ)
+    env = {} if relay is None else dict(relay.env)
     if hidden_dir(os.environ) and "PMIX_MCA_gds" not in os.environ:
         # The server keeps the job's data in its directory, which this container does not
         # show: the query gets it over the connection instead (measured: Open MPI 5 and srun
         # --mpi=pmix behind bwrap --tmpfs; "pmix.hname" is missing otherwise). The child's
         # setting alone: the rank's own MPI is left as it is.
-        env = {**(env or os.environ), "PMIX_MCA_gds": "hash"}
-    ok = False
+        env["PMIX_MCA_gds"] = "hash"
+    text, pid, status = None, None, 0
+    how = "fork" if single_threaded() else "interpreter"
+    read, write = os.pipe()
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL, env=env)
-        ok = True
-    except subprocess.TimeoutExpired:
-        raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
-                        "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set "
-                        "MASTER_ADDR.") from None
-    except OSError as exc:  # no interpreter to start (embedded Python): nothing to ask with
-        raise PMIxUnavailable(f"could not start the PMIx query process {sys.executable!r} "
-                              f"({exc}). Fix: set MASTER_ADDR (and NODE_RANK).") from None
-    finally:  # whatever ended the query (a KeyboardInterrupt too), the relay stops listening
+        try:
+            pid = (_fork if how == "fork" else _interpreter)(found, full, env, write)
+        finally:
+            os.close(write)  # the query process's copy alone: its exit ends `collect`
+        text = collect(read, deadline, relay)
+    finally:  # whatever ended the query (a KeyboardInterrupt too), nothing is left running
+        os.close(read)
+        if pid is not None:
+            status = _reap(pid, deadline + 1.0, kill=text is None)
         if relay is not None:
-            relay.stop(drop=not ok)
-    lines = p.stdout.strip().splitlines()
-    try:
-        got = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        got = None
+            relay.stop(drop=text is None, task=found.chain)
+    if text is None:
+        raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
+                        "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR.")
+    output = text.decode(errors="replace")
+    got = None
+    for line in output.splitlines():
+        if line.startswith(MARK):
+            try:
+                got = marshal.loads(bytes.fromhex(line[len(MARK):]))
+            except (ValueError, EOFError, TypeError):
+                got = None
     if not isinstance(got, dict):
-        raise PMIxError(f"the PMIx query process failed (exit {p.returncode}): "
-                        f"{(p.stderr or p.stdout).strip()[-300:]!r}. Fix: set MASTER_ADDR "
-                        "(and NODE_RANK), or DISTENV_PMIX=0.")
+        raise PMIxError(f"the PMIx query process failed (exit {os.waitstatus_to_exitcode(status)}): "
+                        f"{output.strip()[-300:]!r}. Fix: set MASTER_ADDR (and NODE_RANK), or "
+                        "DISTENV_PMIX=0.")
     if "error" in got:
         tried = "; ".join(found.tried)
         error = PMIxUnavailable if got.get("unavailable") else PMIxError
         raise error(str(got["error"]) + (f" (also looked at: {tried})" if tried else ""))
     return Placement(int(got["rank"]), int(got["size"]), [str(h) for h in got["hosts"]],
                      str(got["nspace"]), str(got["lib"]), str(got["version"]), "child",
-                     time.monotonic() - start, relay is not None, full)
+                     time.monotonic() - start, relay is not None, full, how)
 
 
 def hidden_dir(environ: "Mapping[str, str]") -> str:
@@ -672,8 +752,9 @@ def query(environ: "Mapping[str, str] | None" = None, timeout: "float | None" = 
         from ..log import get_logger
 
         relayed = ", the connection held by the relay" if answer.relayed else ""
+        how = f" ({answer.how})" if answer.how else ""
         get_logger(__name__).debug(
-            f"PMIx ({answer.mode}{relayed}, {answer.lib}, {answer.version}): {answer.size} "
+            f"PMIx ({answer.mode}{how}{relayed}, {answer.lib}, {answer.version}): {answer.size} "
             f"ranks, {'every host' if full else 'rank 0s host'} in {answer.seconds * 1000:.0f} ms")
     return answer
 

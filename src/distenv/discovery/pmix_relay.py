@@ -1,5 +1,6 @@
-"""A loopback relay between the PMIx query process and the launcher's PMIx server: the
-server's end of the query's connection stays open until this process (the rank) ends.
+"""A loopback relay between the PMIx query process and the launcher's PMIx server, run by the
+rank while it waits for the query: the server's end of the query's connection stays open until
+the task (the process the launcher started) ends.
 
 Why (measured under Open MPI 5.0.11, PMIx 5.0.11 in PRRTE, docs/discovery.md): the PMIx
 server marks a client "finalized" in the daemon's own thread *after* it has queued the reply
@@ -11,23 +12,30 @@ own ``MPI_Init`` waits forever in a fence the other ranks already left (about 1 
 here; a client that never finalizes loses this way every time). The fix upstream moves that
 callback into the server's thread (openpmix#3605); servers in use still have the race.
 
-With the relay the query process talks to the server through the task's holder
-(`distenv.discovery.holder`, a small exec'ed process): when the query process finalizes and exits, the
-holder keeps the server's connection open and drains it. The server sees the close when the
-task ends (the launcher's process: this one, or the job script that runs it; with ``distenv
-run``, the command it execs), long after it marked the client, so the close can no longer
-overtake the mark.
+With the relay the query process talks to the server through this process (`collect` pumps
+both ways while it waits for the answer: no thread, no other process). When the query process
+has finalized and exited, the server's end is kept (`held`, inheritable: a program this
+process execs -- ``distenv run``'s command -- keeps it too) and closes when the task ends:
+this process, the command it execs, or -- a job script between the launcher and Python --
+the script, to whose holder (`distenv.discovery.holder`, ``hold``) it is handed. The close
+then comes long after the server marked the client, and can no longer overtake the mark.
+What the server might still send to a finalized client is left unread in the kernel's buffer
+(the holder, which outlives Python, drains it).
 
 Only for servers reached over TCP (``PMIX_SERVER_URI*`` = ``<nspace>.<rank>;tcp4://...`` or
 ``tcp6://``, all naming one address); otherwise `open_relay` returns None and the query
-process connects directly, as before. Who may connect: the listener is on loopback, only while
-the query runs; the holder accepts only connections owned by this user (the kernel's
-/proc/net/tcp), at most `MAX_CONNECTIONS`, and holds only those that carried the query (one
-that never sent a byte is closed). It reaches nothing a local process could not reach already
-(the server listens on the same loopback). Standard library only.
+process connects directly. Who may connect: the listener is on loopback, only while the query
+runs; it accepts only connections owned by this user (the kernel's /proc/net/tcp), at most
+`MAX_CONNECTIONS`, and holds only those that carried the query (one that never sent a byte is
+closed). It reaches nothing a local process could not reach already (the server listens on
+the same loopback). Standard library only; ``_socket``, not ``socket`` (whose import alone
+cost a rank 2 ms of its 64-rank share).
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 TYPE_CHECKING = False  # typing stays out of `import distenv`
 if TYPE_CHECKING:
@@ -36,12 +44,18 @@ if TYPE_CHECKING:
 
 #: The prefix of the variables that give the server's address, one per protocol version.
 URI_PREFIX = "PMIX_SERVER_URI"
+#: Connections the relay accepts: the PMIx client opens one to its server (measured: one
+#: accept per query under PRRTE and slurmstepd); one more in case it reconnects.
+MAX_CONNECTIONS = 2
+
+#: The server's ends this process holds (closed when it ends, or by the program it execs).
+held: "list[Any]" = []
 
 
 def server_address(environ: "Mapping[str, str]") -> "tuple[int, str, int] | None":
     """(address family, host, port) that every ``PMIX_SERVER_URI*`` names, or None when one
     is not TCP or they disagree."""
-    import socket
+    import _socket
 
     found = set()
     for key, value in environ.items():
@@ -52,60 +66,199 @@ def server_address(environ: "Mapping[str, str]") -> "tuple[int, str, int] | None
         host, _, port = where.rpartition(":")
         if not sep or scheme not in ("tcp4", "tcp6") or not host or not port.isdigit():
             return None
-        family = socket.AF_INET if scheme == "tcp4" else socket.AF_INET6
+        family = _socket.AF_INET if scheme == "tcp4" else _socket.AF_INET6
         found.add((family, host.strip("[]"), int(port)))
     return found.pop() if len(found) == 1 else None
 
 
-#: Connections the relay accepts: the PMIx client opens one to its server (measured: one
-#: accept per query under PRRTE and slurmstepd); one more in case it reconnects.
-MAX_CONNECTIONS = 2
-
-
 class Relay:
-    """A loopback listener whose connections the task's holder joins to the server."""
+    """A loopback listener whose connections `collect` joins to the server."""
 
-    def __init__(self, environ: "Mapping[str, str]", family: int, host: str, port: int,
-                 chain: Any = None) -> None:
-        import os
-        import socket
+    def __init__(self, environ: "Mapping[str, str]", family: int, host: str, port: int) -> None:
+        import _socket
 
-        from . import holder as _holder
-
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.bind(("127.0.0.1" if family == socket.AF_INET else "::1", 0))
+        self.listener = _socket.socket(family, _socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1" if family == _socket.AF_INET else "::1", 0))
         self.listener.listen(MAX_CONNECTIONS)
         here = self.listener.getsockname()[1]
-        scheme = "tcp4://127.0.0.1" if family == socket.AF_INET else "tcp6://[::1]"
+        scheme = "tcp4://127.0.0.1" if family == _socket.AF_INET else "tcp6://[::1]"
         #: The query process's PMIX_SERVER_URI* (same server name, the relay's address).
         self.env = {key: value.partition(";")[0] + f";{scheme}:{here}"
                     for key, value in environ.items() if key.startswith(URI_PREFIX)}
-        task = chain.task if chain is not None else os.getpid()
-        task_start = chain.task_start if chain is not None else _holder.start_time(task)
+        self.server = (family, host, port)
+        self.accepted = 0
+        self.pairs: "list[list[Any]]" = []  # [query's end, server's end, carried a byte]
+        self.ends: "dict[int, tuple[list[Any], int]]" = {}  # fd -> (pair, side)
+
+    def fds(self) -> "list[int]":
+        """The descriptors to watch for it (the listener while it listens, every open end)."""
+        return ([self.listener.fileno()] if self.listener.fileno() >= 0 else []) + list(self.ends)
+
+    def on(self, fd: int, deadline: float) -> None:
+        """`fd` (one of `fds`) is readable."""
+        if fd == self.listener.fileno():
+            self._accept(deadline)
+        elif fd in self.ends:
+            self._pump(*self.ends[fd])
+
+    def _accept(self, deadline: float) -> None:
+        import _socket
+
         try:
-            self.holder = _holder.for_task(task, task_start,
-                                           chain.daemon_id if chain is not None else None)
-            got = self.holder.ask("pmix_relay", fds=[self.listener.fileno()], family=family,
-                                  host=host, port=port, max=MAX_CONNECTIONS, uid=os.getuid())
-            self.id = int(got["id"])
-        finally:
-            self.listener.close()  # the holder listens now
+            fd, peer = self.listener._accept()  # type: ignore[attr-defined]  # _socket: the C half
+        except OSError:
+            return
+        client = _socket.socket(fileno=fd)
+        local = client.getsockname()
+        if tcp_owner((peer[0], peer[1]), (local[0], local[1])) != os.getuid():
+            client.close()  # another user's: never joined to the server
+            return
+        self.accepted += 1
+        if self.accepted >= MAX_CONNECTIONS:
+            self.listener.close()
+        family, host, port = self.server
+        up = _socket.socket(family, _socket.SOCK_STREAM)
+        try:  # every wait, the sends too, within the query's deadline
+            for sock in (client, up):
+                sock.settimeout(max(deadline - time.monotonic(), 0.01))
+            up.connect((host, port))
+        except OSError:
+            up.close()
+            client.close()  # the query process sees the server unreachable, as without us
+            return
+        pair: "list[Any]" = [client, up, False]
+        self.pairs.append(pair)
+        self.ends[client.fileno()] = (pair, 0)
+        self.ends[up.fileno()] = (pair, 1)
 
-    def stop(self, drop: bool = False) -> None:
-        """No more connections; with `drop`, also close those held (the query failed: the
-        server must see the loss now, as it would without the relay)."""
-        from . import holder as _holder
-
+    def _pump(self, pair: "list[Any]", side: int) -> None:
+        src, dst = pair[side], pair[1 - side]
         try:
-            self.holder.ask("pmix_done", id=self.id, drop=drop)
-        except _holder.HolderError:
-            pass
+            data = src.recv(65536)
+        except OSError:
+            data = b""
+        if data:
+            pair[2] = True
+            if dst is not None:
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    pass
+            return
+        self._close(pair, side)
+        if side == 1 and pair[0] is not None:  # the server closed: nothing left to hold
+            self._close(pair, 0)
+
+    def _close(self, pair: "list[Any]", side: int) -> None:
+        sock = pair[side]
+        if sock is not None:
+            self.ends.pop(sock.fileno(), None)
+            sock.close()
+            pair[side] = None
+
+    def stop(self, drop: bool = False, task: "Any" = None) -> None:
+        """The query has ended: no more connections; the server's ends that carried it are
+        held for the task -- this process (`held`) or, `task` (`distenv.discovery.chain`'s walk)
+        being another process, its holder; with `drop` (the query failed) closed instead: the
+        server must see the loss now, as it would without the relay."""
+        self.listener.close()
+        keep = []
+        for pair in self.pairs:
+            self._close(pair, 0)
+            if pair[1] is not None and (drop or not pair[2]):
+                self._close(pair, 1)
+            elif pair[1] is not None:
+                keep.append(pair[1])
+        self.ends.clear()
+        if keep and task is not None and task.task != os.getpid():
+            try:
+                from . import holder
+
+                h = holder.for_task(task.task, task.task_start, task.daemon_id)
+                for sock in keep:
+                    h.ask("hold", fds=[sock.fileno()])
+                for sock in keep:
+                    sock.close()  # the holder has its copy
+                return
+            except OSError as exc:  # HolderError too: held here, until this Python ends
+                from ..log import get_logger
+
+                get_logger(__name__).debug(f"PMIx relay: the task's holder did not take the "
+                                           f"connection ({exc}); held until this process ends")
+        for sock in keep:
+            os.set_inheritable(sock.fileno(), True)
+            held.append(sock)
 
 
-def open_relay(environ: "Mapping[str, str]", chain: Any = None) -> "Relay | None":
-    """A started relay for the server `environ` names, held for `chain`'s task (default: this
-    process), or None (not TCP, no holder, or ``DISTENV_PMIX_RELAY=0``: the query connects
-    directly, for comparison or if the relay itself is in the way)."""
+def tcp_owner(local: "tuple[str, int]", remote: "tuple[str, int]") -> "int | None":
+    """The uid owning the TCP socket whose local address is `local` and remote `remote`
+    (the kernel's /proc/net/tcp and tcp6), or None when none is listed."""
+    import _socket
+    import sys
+
+    def hexaddr(host: str, port: int, six: bool) -> str:
+        if ":" in host:
+            if not six:
+                raise ValueError(host)
+            raw = _socket.inet_pton(_socket.AF_INET6, host)
+        else:
+            raw = _socket.inet_pton(_socket.AF_INET, host)
+            if six:
+                raw = b"\0" * 10 + b"\xff\xff" + raw  # ::ffff:a.b.c.d
+        # the kernel prints each 32-bit word in host order
+        words = [raw[i:i + 4][::-1] if sys.byteorder == "little" else raw[i:i + 4]
+                 for i in range(0, len(raw), 4)]
+        return b"".join(words).hex().upper() + f":{port:04X}"
+
+    for six, table in ((False, "/proc/net/tcp"), (True, "/proc/net/tcp6")):
+        try:
+            want = (hexaddr(*local, six), hexaddr(*remote, six))
+        except (ValueError, OSError):
+            continue
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 7 and (parts[1], parts[2]) == want:
+                        return int(parts[7])
+        except (OSError, StopIteration, ValueError):
+            continue
+    return None
+
+
+def collect(fd: int, deadline: float, relay: "Relay | None") -> "bytes | None":
+    """Everything written to `fd` until its writers close it (the query process has ended),
+    relaying meanwhile; None when `deadline` passes first."""
+    import select
+
+    chunks: "list[bytes]" = []
+    poll = select.poll()  # not select(): a rank may hold descriptors past 1023
+    watched: "set[int]" = set()
+    while True:
+        want = {fd, *(relay.fds() if relay is not None else ())}
+        for gone in watched - want:
+            poll.unregister(gone)
+        for new in want - watched:
+            poll.register(new, select.POLLIN)
+        watched = want
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        for ready, _ in poll.poll(left * 1000):
+            if ready == fd:
+                data = os.read(fd, 65536)
+                if not data:
+                    return b"".join(chunks)
+                chunks.append(data)
+            elif relay is not None:
+                relay.on(ready, deadline)
+
+
+def open_relay(environ: "Mapping[str, str]") -> "Relay | None":
+    """A started relay for the server `environ` names, or None (not TCP, no loopback, or
+    ``DISTENV_PMIX_RELAY=0``: the query connects directly, for comparison or if the relay
+    itself is in the way)."""
     from ..knobs import PMIX_RELAY
 
     if not PMIX_RELAY.value(environ):
@@ -114,12 +267,13 @@ def open_relay(environ: "Mapping[str, str]", chain: Any = None) -> "Relay | None
     if where is None:
         return None
     try:
-        return Relay(environ, *where, chain=chain)
-    except OSError as exc:  # HolderError too
+        return Relay(environ, *where)
+    except OSError as exc:
         from ..log import get_logger
 
         get_logger(__name__).debug(f"PMIx relay not used ({exc}); the query connects directly")
         return None
 
 
-__all__ = ["open_relay", "server_address", "Relay", "URI_PREFIX", "MAX_CONNECTIONS"]
+__all__ = ["open_relay", "collect", "server_address", "held", "Relay", "URI_PREFIX",
+           "MAX_CONNECTIONS"]
