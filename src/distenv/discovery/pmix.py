@@ -42,10 +42,12 @@ by server (measured, docs/launchers.md#pmix-and-mpi-init, and `tests/integration
 * Open MPI 5 (PRRTE, PMIx 5): a client kept open makes MPI_Init fail ("local rank ... Not
   found (-13)"), one finalized in this process makes it crash ("double free"). A child
   process that queries and finalizes leaves MPI_Init in the parent working. So the query
-  runs in a fresh interpreter (``mode="child"``, started with ``subprocess``: no fork of a
-  threaded parent) and nothing of PMIx is ever loaded here. The same for SLURM and any other
-  server. The child reaches a TCP server through `distenv.discovery.pmix_relay`, which holds the
-  server's end of that connection until this process ends: without it, about 1 job in 100
+  runs in another process (``mode="child"``) and nothing of PMIx is ever loaded here: a fork
+  of this one when it is a single thread (`single_threaded`; no interpreter to start), else a
+  fresh interpreter (a fork of a threaded process may inherit a lock another thread held). The
+  same for SLURM and any other server. The child reaches a TCP server through
+  `distenv.discovery.pmix_relay`, which this process runs while it waits and which holds the
+  server's end of that connection until the task ends: without it, about 1 job in 100
   hung in MPI_Init (PMIx 5.0's server can count a finalized client whose close arrives early
   as a lost rank; the relay's docstring and docs/discovery.md give the evidence).
 
@@ -414,6 +416,7 @@ class _Lib:
         except AttributeError:
             self.free = None
         self.me = self.Proc()
+        self._args: Any = None
 
     def version(self) -> str:
         raw = self.cdll.PMIx_Get_version()
@@ -437,10 +440,12 @@ class _Lib:
         """`key` of `rank` in this process's namespace; None when the server has none."""
         import ctypes
 
-        proc = self.Proc()
-        proc.nspace = self.me.nspace
+        if self._args is None:  # one proc and one result pointer for every read (N of them)
+            proc = self.Proc()
+            proc.nspace = self.me.nspace
+            self._args = (proc, ctypes.POINTER(self.Value)())
+        proc, out = self._args
         proc.rank = rank
-        out = ctypes.POINTER(self.Value)()
         rc = self.cdll.PMIx_Get(ctypes.byref(proc), key.encode(), None, 0, ctypes.byref(out))
         if rc == PMIX_ERR_NOT_FOUND:
             return None
