@@ -256,6 +256,18 @@ def test_walk_passes_container_starters(tree, one, want):
     assert got.kind == (None if want[3] else "Hydra")
 
 
+@pytest.mark.parametrize("task, between, wrapped", [
+    ("self", [], False),                 # the launcher started this process
+    ("other", ["bash"], True),           # a job script: later programs may follow
+    ("other", ["bwrap"], False),         # a starter runs one command, this one, and ends with it
+    ("other", ["starter", "bwrap"], False),
+    ("other", ["bash", "bwrap"], True),  # a script inside the container
+])
+def test_a_task_of_container_starters_alone_is_not_a_job_script(task, between, wrapped):
+    pid = os.getpid() if task == "self" else os.getppid()
+    assert Chain(1, "prted", "prrte", pid, None, between).wrapped is wrapped
+
+
 def test_podmans_monitor_is_named_and_no_exec_fix_is_given():
     tree = {10: (9, "python3.11"), 9: (1, "conmon")}
     names = {10: "python3.11", 9: "conmon", 1: "systemd"}

@@ -115,8 +115,10 @@ class Chain:
 
     @property
     def wrapped(self) -> bool:
-        """True when the launcher started another program that runs this one (a job script)."""
-        return self.task != os.getpid()
+        """True when the launcher started another program that runs this one (a job script),
+        other than container starters alone: each runs one command and ends when it ends
+        (`STARTERS`), so this process is then the task's only program and ends with it."""
+        return self.task != os.getpid() and not all(p in STARTERS for p in self.between)
 
     def __repr__(self) -> str:
         return f"Chain(daemon={self.name}:{self.daemon}, task={self.task}, between={self.between})"

@@ -158,8 +158,8 @@ class Relay:
 
     def stop(self, drop: bool = False, task: "Any" = None) -> None:
         """The query has ended: no more connections; the server's ends that carried it are
-        held for the task -- this process (`held`) or, `task` (`distenv.discovery.chain`'s walk)
-        being another process, its holder; with `drop` (the query failed) closed instead: the
+        held for the task -- this process (`held`) or, where `task` (`distenv.discovery.chain`'s
+        walk) is a job script that runs it, the task's holder; with `drop` (the query failed) closed instead: the
         server must see the loss now, as it would without the relay."""
         self.listener.close()
         keep = []
@@ -170,7 +170,7 @@ class Relay:
             elif pair[1] is not None:
                 keep.append(pair[1])
         self.ends.clear()
-        if keep and task is not None and task.task != os.getpid():
+        if keep and task is not None and task.wrapped:
             try:
                 from . import holder
 
