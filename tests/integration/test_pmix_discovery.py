@@ -39,7 +39,7 @@ OMPI5_FLAGS = (OMPI5, "--allow-run-as-root", "--prtemca", "plm_ssh_agent", FAKES
                "--prtemca", "oob_tcp_if_include", NET, "--mca", "btl_tcp_if_include", NET)
 #: Where each rank runs in the two-node layouts: node2 (mpirun is on node1) holds rank 0.
 TWO_NODES = ["node2", "node2", "node1", "node1"]
-#: Generous: 4 Python ranks (+ a child interpreter each under Open MPI 5) on 2 loaded cores.
+#: Generous: 4 Python ranks (+ a query process each under Open MPI 5) on 2 loaded cores.
 TIMEOUT = 600
 
 

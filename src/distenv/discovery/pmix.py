@@ -591,6 +591,10 @@ def _fork(found: Offer, full: bool, env: "dict[str, str]", out: int) -> int:
             os.environ.update(env)
             _answer(found.libs, full)
             code = 0
+        except BaseException:  # noqa: BLE001 - shown to the rank in its error, as a child's
+            import traceback
+
+            traceback.print_exc()
         finally:
             os._exit(code)
     return pid
