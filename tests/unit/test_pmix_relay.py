@@ -243,8 +243,9 @@ def test_no_loopback_means_no_relay(monkeypatch, server):
 
 
 #: A rank: its query process (a fork here) talks to the server through the relay and exits;
-#: then the rank hands what the relay holds to the task (`argv[2]`: "self", or "parent" -- a
-#: job script, with `argv[3]` the daemon whose holder serves it) and execs or ends.
+#: then the rank keeps what the relay holds (`argv[2]` "self": no holder reachable) or hands it
+#: to the task's holder ("parent": a job script, `argv[3]` the daemon whose holder serves it),
+#: and execs or ends.
 QUERY_THEN = r"""
 import os, socket, sys, time
 from distenv.discovery import pmix_relay

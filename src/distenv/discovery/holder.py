@@ -14,8 +14,8 @@ as long as the Python that asked:
   exchange the task's ``PMI_FD`` is this relay: it answers a later ``init`` (an MPI library's
   ``MPI_Init``) with the stepd's own answer to distenv's, and passes every other line on.
 * **PMIx over TCP**: the server's end of the query's connection, relayed by the rank
-  (`distenv.discovery.pmix_relay`), is held until the task ends where the task is not the
-  Python that asked (a job script): PMIx 5.0's finalize race, docs/discovery.md.
+  (`distenv.discovery.pmix_relay`), is held until the task ends (PMIx 5.0's finalize race,
+  docs/discovery.md).
 * **The claim**: a later program of the same task (the job script's next ``python``) gets the
   answer from here instead of asking the service a second time.
 

@@ -14,13 +14,14 @@ callback into the server's thread (openpmix#3605); servers in use still have the
 
 With the relay the query process talks to the server through this process (`collect` pumps
 both ways while it waits for the answer: no thread, no other process). When the query process
-has finalized and exited, the server's end is kept (`held`, inheritable: a program this
-process execs -- ``distenv run``'s command -- keeps it too) and closes when the task ends:
-this process, the command it execs, or -- a job script between the launcher and Python --
-the script, to whose holder (`distenv.discovery.holder`, ``hold``) it is handed. The close
-then comes long after the server marked the client, and can no longer overtake the mark.
-What the server might still send to a finalized client is left unread in the kernel's buffer
-(the holder, which outlives Python, drains it).
+has finalized and exited, the server's end is handed to the task's holder
+(`distenv.discovery.holder`, ``hold``), which drains it and closes it when the task ends (the
+rank, the command ``distenv run`` execs, or a job script). The close then comes long after the
+server marked the client, and can no longer overtake the mark. Kept in the rank itself
+instead (closed at its exit), 5 of 40 two-node mpi4py jobs under Open MPI 5 hung in their last
+fence (measured 2026-12-06, `test_mpi4py_after_discovery`; 0 of 50 through the holder; the
+cause was not found): the rank keeps it (`held`, inheritable) only where no holder can be
+reached.
 
 Only for servers reached over TCP (``PMIX_SERVER_URI*`` = ``<nspace>.<rank>;tcp4://...`` or
 ``tcp6://``, all naming one address); otherwise `open_relay` returns None and the query
@@ -158,9 +159,9 @@ class Relay:
 
     def stop(self, drop: bool = False, task: "Any" = None) -> None:
         """The query has ended: no more connections; the server's ends that carried it are
-        held for the task -- this process (`held`) or, where `task` (`distenv.discovery.chain`'s
-        walk) is a job script that runs it, the task's holder; with `drop` (the query failed) closed instead: the
-        server must see the loss now, as it would without the relay."""
+        handed to the holder of `task` (`distenv.discovery.chain`'s walk), else held here
+        (`held`); with `drop` (the query failed) closed instead: the server must see the loss
+        now, as it would without the relay."""
         self.listener.close()
         keep = []
         for pair in self.pairs:
@@ -170,7 +171,7 @@ class Relay:
             elif pair[1] is not None:
                 keep.append(pair[1])
         self.ends.clear()
-        if keep and task is not None and task.wrapped:
+        if keep and task is not None:
             try:
                 from . import holder
 
@@ -185,6 +186,7 @@ class Relay:
 
                 get_logger(__name__).debug(f"PMIx relay: the task's holder did not take the "
                                            f"connection ({exc}); held until this process ends")
+        # no holder: held here until this process (or a program it execs) ends
         for sock in keep:
             os.set_inheritable(sock.fileno(), True)
             held.append(sock)
