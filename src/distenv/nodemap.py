@@ -7,7 +7,7 @@ rank 0 and the master -- printed once for the whole job, by rank 0.
     0     node2  0-1    2      rank 0, master
     1     node1  2-3    2
     master: node2:24707
-    placement: PMIx placement (pmix.hname of every rank, orted)
+    placement: PMIx placement (the host of every rank, orted)
 
 Where the rows come from, provable or unknown (never guessed):
 

@@ -122,7 +122,7 @@ def test_discover_fills_every_field_then_mpi_init_works(need, name):
             unknown = [f for f in want if r["before"].get(f) is None]
             assert {"node_rank", "rank_hosts"} <= set(unknown), detail
             for field in unknown:
-                assert r["why"][field].startswith("PMIx placement (pmix.hname of every rank"), \
+                assert r["why"][field].startswith("PMIx placement (the host of every rank"), \
                     (field, detail)
         # the version-dependent handling (distenv.discovery.pmix): ORTE in this process, PRRTE a child
         assert r["mode"] == ("in-process" if mpi == "openmpi4" else "child"), detail
@@ -150,7 +150,7 @@ def test_torch_all_reduces_with_no_master_addr(need, torch_python, name):
         assert (e["master_addr"], e["world_size"]) == ("node2", 4), detail
         assert e["num_nodes"] in (None, 2), detail
         assert e["node_rank"] in (None, 0 if r["truth"]["rank"] < 2 else 1), detail
-        assert r["why"]["master_addr"].startswith("PMIx placement (pmix.hname of rank 0"), detail
+        assert r["why"]["master_addr"].startswith("PMIx placement (the host of rank 0"), detail
         assert r["exported"] == "node2", detail
         assert r["sum"] == 10.0 and r["gloo_hosts"] == TWO_NODES, detail
         assert r["mpi"] == {"init_rc": 0, "rank": r["truth"]["rank"], "size": 4, "sum": 10,
@@ -252,7 +252,7 @@ def test_srun_mpi_pmix_arbitrary_layout(need):
             (t["rank"], 4, t["local_rank"], t["local_size"]), detail
         for field, value in expected(hosts, t["rank"]).items():
             assert e[field] == value, (field, detail)
-        assert r["why"]["master_addr"].startswith("PMIx placement (pmix.hname of every rank, slurmstepd"), detail
+        assert r["why"]["master_addr"].startswith("PMIx placement (the host of every rank, slurmstepd"), detail
         assert r["mode"] == "child", detail
         assert r["relayed"] is True, detail  # slurmstepd's server is reached over TCP too
         assert r["mpi"] == {"init_rc": 0, "rank": t["rank"], "size": 4, "sum": 10, "hosts": hosts,

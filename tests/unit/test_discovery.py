@@ -87,7 +87,7 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
     placed = pmix.Placement(0, 2, ["n2", "n1"], "prterun-x-1@1", "/lib/libpmix.so.2", "4.2", "child", 0.0)
     got = apply(openmpi, Pmix.answer(placed))
     assert (got.node_rank, got.num_nodes, got.master_addr) == (0, 2, "n2")
-    with pytest.raises(DistEnvError, match=r"PMIx placement \(pmix.hname of every rank\) found 2 processes on 1 hosts.*ppr:1:node"):
+    with pytest.raises(DistEnvError, match=r"PMIx placement \(the host of every rank\) found 2 processes on 1 hosts.*ppr:1:node"):
         apply(openmpi, Pmix.answer(pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0)))
 
 

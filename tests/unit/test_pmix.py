@@ -213,7 +213,7 @@ def test_from_pmix_fills_the_placement():
     got = apply(env, Pmix.answer(placement(3), "orted"))
     assert (got.master_addr, got.node_rank, got.num_nodes, got.local_world_size) == ("node2", 1, 2, 2)
     assert got.hosts == ("node2", "node1") and got.rank_hosts == ("node2", "node2", "node1", "node1")
-    assert got.provenance["master_addr"] == f"{PMIX_WHY} (pmix.hname of every rank, orted)"
+    assert got.provenance["master_addr"] == f"{PMIX_WHY} (the host of every rank, orted)"
 
 
 def test_from_pmix_refuses_another_job_s_rank():
@@ -302,6 +302,42 @@ int PMIx_Get(const proc_t *p, const char *key, void *info, size_t n, value_t **o
     else { free(v); return -46; }
     *out = v; return 0;
 }
+/* The ranks of each node, from FAKE_HOSTS (or, to test the check, FAKE_PEERS: "node=0,1;..."). */
+int PMIx_Resolve_nodes(const char *ns, char **out) {
+    log_call("resolve_nodes");
+    const char *peers = getenv("FAKE_PEERS");
+    char *hosts = strdup(getenv("FAKE_HOSTS")), *list = calloc(1, strlen(hosts) + 2), *h;
+    if (peers) {  /* the nodes named in FAKE_PEERS */
+        char *copy = strdup(peers), *save = NULL;
+        for (h = strtok_r(copy, ";", &save); h; h = strtok_r(NULL, ";", &save)) {
+            *strchr(h, '=') = 0; strcat(list, *list ? "," : ""); strcat(list, h);
+        }
+    } else for (h = strtok(hosts, ","); h; h = strtok(NULL, ",")) {
+        char probe[300]; snprintf(probe, sizeof probe, ",%s,", h);
+        char have[4096]; snprintf(have, sizeof have, ",%s,", list);
+        if (!strstr(have, probe)) { strcat(list, *list ? "," : ""); strcat(list, h); }
+    }
+    *out = list; return 0;
+}
+int PMIx_Resolve_peers(const char *node, const char *ns, proc_t **procs, size_t *n) {
+    log_call("resolve_peers");
+    const char *peers = getenv("FAKE_PEERS");
+    proc_t *a = calloc(4096, sizeof *a); size_t k = 0;
+    if (peers) {
+        char *copy = strdup(peers), *save = NULL, *e;
+        for (e = strtok_r(copy, ";", &save); e; e = strtok_r(NULL, ";", &save)) {
+            char *eq = strchr(e, '='); *eq = 0;
+            if (strcmp(e, node)) continue;
+            char *save2 = NULL;
+            for (char *r = strtok_r(eq + 1, ",", &save2); r; r = strtok_r(NULL, ",", &save2))
+                a[k++].rank = (uint32_t)atoi(r);
+        }
+    } else {
+        char *hosts = strdup(getenv("FAKE_HOSTS")), *h = strtok(hosts, ",");
+        for (uint32_t r = 0; h; h = strtok(NULL, ","), r++) if (!strcmp(h, node)) a[k++].rank = r;
+    }
+    *procs = a; *n = k; return 0;
+}
 """
 
 
@@ -327,9 +363,9 @@ def fake_env(monkeypatch, tmp_path, rank=1, **extra):
 
 
 def calls(log, gets=False):
-    """The fake's log: init and finalize calls (and every PMIx_Get with `gets`)."""
+    """The fake's log: init and finalize calls (and every PMIx_Get and Resolve with `gets`)."""
     lines = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
-    return [c for c in lines if gets or c[0] != "get"]
+    return [c for c in lines if gets or c[0] in ("init", "finalize")]
 
 
 def test_child_mode_queries_in_another_process_and_finalizes_there(fake_lib, monkeypatch, tmp_path):
@@ -482,8 +518,29 @@ def test_only_rank_0s_host_when_only_the_master_is_needed(fake_lib, monkeypatch,
     assert again is got and len([c for c in calls(log, gets=True) if c[0] == "get"]) == 2  # kept
     assert pmix.handoff() is None  # a partial answer is not handed to an exec'ed command
     full = pmix.query(timeout=120, found=found, full=True)
-    assert full.full and full.hosts[:5] == ["node0"] * 4 + ["node1"]
-    assert len([c for c in calls(log, gets=True) if c[0] == "get"]) == 2 + 1 + 64
+    assert full.full and full.hosts == hosts.split(",")
+    # every host from the 16 nodes' peers (17 calls), checked against rank 0's and rank 5's host
+    got_calls = [c[0] for c in calls(log, gets=True)]
+    assert got_calls.count("get") == 2 + 3 and got_calls.count("resolve_peers") == 16
+
+
+@pytest.mark.parametrize("peers", [
+    "node1=0,1;node2=2",  # the hosts the other way round from pmix.hname's
+    "node2=0,1;node1=1,2",  # rank 1 on two nodes
+    "node2=0,1",  # rank 2 nowhere
+    "node2=0,1;node1=2,7",  # a rank past the job's size
+])
+def test_node_peers_that_disagree_with_each_ranks_host_are_not_taken(fake_lib, monkeypatch,
+                                                                       tmp_path, peers):
+    """`PMIx_Resolve_peers` (1 + nodes calls) is taken only as a partition of the ranks that
+    agrees with pmix.hname of rank 0 and of this rank; otherwise every rank's pmix.hname."""
+    log = fake_env(monkeypatch, tmp_path, rank=2, FAKE_PEERS=peers)
+    monkeypatch.setattr(pmix, "_done", None)
+    monkeypatch.setattr(pmix, "_kept", None)
+    found = pmix.Offer("fake@1", 2, "prrte", "prted", [fake_lib], [], "PMIx server prted")
+    got = pmix.query(timeout=120, found=found, full=True)
+    assert got.hosts == ["node2", "node2", "node1"]  # FAKE_HOSTS: what pmix.hname says
+    assert [c[0] for c in calls(log, gets=True)].count("get") >= 1 + 3  # read per rank
 
 
 def test_complete_asks_for_every_host_only_when_node_facts_are_needed(monkeypatch):
@@ -501,6 +558,6 @@ def test_complete_asks_for_every_host_only_when_node_facts_are_needed(monkeypatc
     env = resolve(ompi4(3))
     torch_like = complete(env, need=("master_addr", "world_size"))
     assert torch_like.master_addr == "node2" and torch_like.node_rank is None and asked == [False]
-    assert "pmix.hname of rank 0" in torch_like.provenance["master_addr"]
+    assert "the host of rank 0" in torch_like.provenance["master_addr"]
     lightning_like = complete(env, need=("master_addr", "node_rank", "num_nodes"))
     assert (lightning_like.node_rank, lightning_like.num_nodes) == (1, 2) and asked == [False, True]

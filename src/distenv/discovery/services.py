@@ -140,7 +140,7 @@ class Pmix(Service):
         """A `distenv.discovery.pmix.Placement` as an `Answer`."""
 
         which = "every rank" if got.full else "rank 0"
-        why = f"{PMIX_WHY} (pmix.hname of {which}{', ' + server if server else ''})"
+        why = f"{PMIX_WHY} (the host of {which}{', ' + server if server else ''})"
         return Answer("pmix", got.rank, got.size, got.hosts, why,
                       one_per_node="mpirun --map-by ppr:1:node, srun --ntasks-per-node=1",
                       full=got.full)
