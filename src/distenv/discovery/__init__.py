@@ -30,7 +30,6 @@ from __future__ import annotations
 from ..core.description import DECLINED, PER_NODE, UNKNOWN, DistEnv, Note, unsettled
 from ..errors import DistEnvError
 from .apply import STALE, Answer, apply, from_hostnames
-from .door import debug as _debug
 from .services import PMI_WHY, PMIX_WHY
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -42,6 +41,12 @@ if TYPE_CHECKING:
 
 #: What `discover` accepts as `method`.
 METHODS = ("auto", "apinfo", "pmix", "pmi", "mpi4py")
+
+
+def _debug(text: str) -> None:
+    from .door import debug  # here: a discovery that logs nothing never imports the door
+
+    debug(text)
 
 
 def _mpi_ready() -> Any:

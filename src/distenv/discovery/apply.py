@@ -12,7 +12,6 @@ A note about a field it fills is dropped (`Note.about`).
 from __future__ import annotations
 
 from ..core.description import DEFAULT, DERIVED, PER_NODE, UNKNOWN, DistEnv, about, kind_of, unsettled
-from ..core.placement import not_rank_0s
 from ..errors import DistEnvError
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -172,7 +171,9 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
         changes["local_rank"] = sum(1 for name in names[:env.rank] if name == mine)
     if env.master_addr is None:  # one node: loopback, as the resolver's own one-node rule
         changes["master_addr"] = names[0] if len(nodes) > 1 else "127.0.0.1"
-    else:
+    else:  # (imported here: most discoveries have no master address to check)
+        from ..core.placement import not_rank_0s
+
         not_rank_0s(env, names[0], counts, why)
     return with_values(env, changes, why)
 

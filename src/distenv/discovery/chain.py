@@ -24,12 +24,44 @@ from __future__ import annotations
 
 import os
 
-from .holder import descends, parent_of, start_time
-
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable
+
+
+def start_time(pid: int) -> "int | None":
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot): with the pid, a process's
+    identity (a pid alone may be reused)."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+
+
+def parent_of(pid: int) -> "int | None":
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _stat(pid: int) -> "list[str]":
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return []
+    return text.rpartition(")")[2].split()
+
+
+def descends(pid: int, ancestor: int, depth: int = 64) -> bool:
+    """Is `pid` `ancestor` or one of its descendants?"""
+    for _ in range(depth):
+        if pid == ancestor:
+            return True
+        parent = parent_of(pid)
+        if parent is None or parent < 1:  # (a container's own process 1 may be the ancestor)
+            return False
+        pid = parent
+    return False
+
 
 #: Programs that may stand between the launcher's daemon and the rank: none of them speaks
 #: PMI, PMIx or Cray PMI (each is a shell or a small C utility that runs one command and waits

@@ -53,6 +53,18 @@ import os
 import sys
 import time
 
+try:
+    from .chain import descends, parent_of, start_time
+except ImportError:  # run as the holder program (`python -I -S holder.py`): no package, so
+    # chain.py beside this file, by its path (nothing of the working directory or sys.path)
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location("_distenv_chain", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "chain.py"))
+    _chain = _util.module_from_spec(_spec)  # type: ignore[arg-type]  # a file: never None
+    _spec.loader.exec_module(_chain)  # type: ignore[union-attr]  # as above
+    descends, parent_of, start_time = _chain.descends, _chain.parent_of, _chain.start_time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
@@ -280,39 +292,6 @@ def for_task(task: int, task_start: "int | None",
     holder = start(task, task_start, timeout=timeout, daemon=daemon)
     _mine = (os.getpid(), task, task_start, holder)
     return holder
-
-
-def start_time(pid: int) -> "int | None":
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot): with the pid, a process's
-    identity (a pid alone may be reused)."""
-    fields = _stat(pid)
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
-
-
-def parent_of(pid: int) -> "int | None":
-    fields = _stat(pid)
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-
-
-def _stat(pid: int) -> "list[str]":
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return []
-    return text.rpartition(")")[2].split()
-
-
-def descends(pid: int, ancestor: int, depth: int = 64) -> bool:
-    """Is `pid` `ancestor` or one of its descendants?"""
-    for _ in range(depth):
-        if pid == ancestor:
-            return True
-        parent = parent_of(pid)
-        if parent is None or parent < 1:  # (a container's own process 1 may be the ancestor)
-            return False
-        pid = parent
-    return False
 
 
 # -- the holder itself ------------------------------------------------------------------------

@@ -165,14 +165,16 @@ def mapped(maps_text: str) -> "list[str]":
     """The libpmix files in a /proc/<pid>/maps text, in order of first mapping. Only
     ``libpmix.so*`` names: PMIx servers also map their lock files (``.../dstore_sm.lock``)."""
     found: "list[str]" = []
-    for line in maps_text.splitlines():
-        if "libpmix.so" not in line:  # most of a rank's 500 lines: skipped unparsed
-            continue
-        parts = line.split(None, 5)
+    at = maps_text.find("libpmix.so")
+    while at >= 0:  # only the lines that name it (a server maps 300-500): no split of the rest
+        end = maps_text.find("\n", at)
+        end = len(maps_text) if end < 0 else end
+        parts = maps_text[maps_text.rfind("\n", 0, at) + 1:end].split(None, 5)
         if len(parts) == 6:
             path = parts[5].strip()
             if os.path.basename(path).startswith("libpmix.so") and path not in found:
                 found.append(path)
+        at = maps_text.find("libpmix.so", end)
     return found
 
 
@@ -446,12 +448,9 @@ class _Lib:
         """The nodes of this namespace (``PMIx_Resolve_nodes``), None where it fails."""
         import ctypes
 
-        c = self.cdll
-        if not hasattr(c, "PMIx_Resolve_nodes"):
-            return None
-        c.PMIx_Resolve_nodes.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        call = getattr(self.cdll, "PMIx_Resolve_nodes", None)  # (no argtypes: bytes and byref)
         out = ctypes.c_void_p()
-        if c.PMIx_Resolve_nodes(self.me.nspace, ctypes.byref(out)) != 0 or not out.value:
+        if call is None or call(self.me.nspace, ctypes.byref(out)) != 0 or not out.value:
             return None
         text = ctypes.string_at(out.value).decode("utf-8", "replace")
         _libc_free(out.value)
@@ -461,13 +460,9 @@ class _Lib:
         """The ranks of this namespace on `node` (``PMIx_Resolve_peers``), None where it fails."""
         import ctypes
 
-        c = self.cdll
-        c.PMIx_Resolve_peers.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
-                                         ctypes.POINTER(ctypes.POINTER(self.Proc)),
-                                         ctypes.POINTER(ctypes.c_size_t)]
         procs, n = ctypes.POINTER(self.Proc)(), ctypes.c_size_t()
-        if c.PMIx_Resolve_peers(node.encode(), self.me.nspace, ctypes.byref(procs),
-                                ctypes.byref(n)) != 0:
+        if self.cdll.PMIx_Resolve_peers(node.encode(), self.me.nspace, ctypes.byref(procs),
+                                        ctypes.byref(n)) != 0:
             return None
         ranks = [procs[i].rank for i in range(n.value)]
         if procs:
