@@ -299,44 +299,10 @@ int PMIx_Get(const proc_t *p, const char *key, void *info, size_t n, value_t **o
     value_t *v = calloc(1, sizeof *v);
     if (!strcmp(key, "pmix.job.size") && p->rank == 0xfffffffe) { v->type = 14; v->d.pad[0] = ((uint64_t)9 << 32) | size; }
     else if (!strcmp(key, "pmix.hname") && mine) { v->type = 3; v->d.s = strdup(mine); }
+    else if (!strcmp(key, "pmix.lpeers") && p->rank == 0xfffffffe && getenv("FAKE_LPEERS")) {
+        v->type = 3; v->d.s = strdup(getenv("FAKE_LPEERS")); }
     else { free(v); return -46; }
     *out = v; return 0;
-}
-/* The ranks of each node, from FAKE_HOSTS (or, to test the check, FAKE_PEERS: "node=0,1;..."). */
-int PMIx_Resolve_nodes(const char *ns, char **out) {
-    log_call("resolve_nodes");
-    const char *peers = getenv("FAKE_PEERS");
-    char *hosts = strdup(getenv("FAKE_HOSTS")), *list = calloc(1, strlen(hosts) + 2), *h;
-    if (peers) {  /* the nodes named in FAKE_PEERS */
-        char *copy = strdup(peers), *save = NULL;
-        for (h = strtok_r(copy, ";", &save); h; h = strtok_r(NULL, ";", &save)) {
-            *strchr(h, '=') = 0; strcat(list, *list ? "," : ""); strcat(list, h);
-        }
-    } else for (h = strtok(hosts, ","); h; h = strtok(NULL, ",")) {
-        char probe[300]; snprintf(probe, sizeof probe, ",%s,", h);
-        char have[4096]; snprintf(have, sizeof have, ",%s,", list);
-        if (!strstr(have, probe)) { strcat(list, *list ? "," : ""); strcat(list, h); }
-    }
-    *out = list; return 0;
-}
-int PMIx_Resolve_peers(const char *node, const char *ns, proc_t **procs, size_t *n) {
-    log_call("resolve_peers");
-    const char *peers = getenv("FAKE_PEERS");
-    proc_t *a = calloc(4096, sizeof *a); size_t k = 0;
-    if (peers) {
-        char *copy = strdup(peers), *save = NULL, *e;
-        for (e = strtok_r(copy, ";", &save); e; e = strtok_r(NULL, ";", &save)) {
-            char *eq = strchr(e, '='); *eq = 0;
-            if (strcmp(e, node)) continue;
-            char *save2 = NULL;
-            for (char *r = strtok_r(eq + 1, ",", &save2); r; r = strtok_r(NULL, ",", &save2))
-                a[k++].rank = (uint32_t)atoi(r);
-        }
-    } else {
-        char *hosts = strdup(getenv("FAKE_HOSTS")), *h = strtok(hosts, ",");
-        for (uint32_t r = 0; h; h = strtok(NULL, ","), r++) if (!strcmp(h, node)) a[k++].rank = r;
-    }
-    *procs = a; *n = k; return 0;
 }
 """
 
@@ -363,7 +329,7 @@ def fake_env(monkeypatch, tmp_path, rank=1, **extra):
 
 
 def calls(log, gets=False):
-    """The fake's log: init and finalize calls (and every PMIx_Get and Resolve with `gets`)."""
+    """The fake's log: init and finalize calls (and every PMIx_Get with `gets`)."""
     lines = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
     return [c for c in lines if gets or c[0] in ("init", "finalize")]
 
@@ -476,7 +442,7 @@ def test_the_relay_stops_and_the_query_process_ends_however_the_query_ends(monke
     class Relay:
         env: dict = {}
 
-        def stop(self, drop=False, task=None):
+        def stop(self, drop=False, task=None, deadline=None):
             stopped.append(drop)
 
     def interrupted(*args, **kwargs):
@@ -519,25 +485,36 @@ def test_only_rank_0s_host_when_only_the_master_is_needed(fake_lib, monkeypatch,
     assert pmix.handoff() is None  # a partial answer is not handed to an exec'ed command
     full = pmix.query(timeout=120, found=found, full=True)
     assert full.full and full.hosts == hosts.split(",")
-    # every host from the 16 nodes' peers (17 calls), checked against rank 0's and rank 5's host
-    got_calls = [c[0] for c in calls(log, gets=True)]
-    assert got_calls.count("get") == 2 + 3 and got_calls.count("resolve_peers") == 16
+    # 16 nodes (the fake has no pmix.lpeers here): size, rank 0's host, lpeers, every other host
+    assert [c[0] for c in calls(log, gets=True)].count("get") == 2 + 1 + 1 + 1 + 63
 
 
-@pytest.mark.parametrize("peers", [
-    "node1=0,1;node2=2",  # the hosts the other way round from pmix.hname's
-    "node2=0,1;node1=1,2",  # rank 1 on two nodes
-    "node2=0,1",  # rank 2 nowhere
-    "node2=0,1;node1=2,7",  # a rank past the job's size
-])
-def test_node_peers_that_disagree_with_each_ranks_host_are_not_taken(fake_lib, monkeypatch,
-                                                                       tmp_path, peers):
-    """`PMIx_Resolve_peers` (1 + nodes calls) is taken only as a partition of the ranks that
-    agrees with pmix.hname of rank 0 and of this rank; otherwise every rank's pmix.hname."""
-    log = fake_env(monkeypatch, tmp_path, rank=2, FAKE_PEERS=peers)
+def test_every_rank_on_this_node_is_three_reads(fake_lib, monkeypatch, tmp_path):
+    """pmix.lpeers lists every rank (in its own order) and rank 0 runs where this rank does:
+    every host is this one, in size + rank 0 + pmix.lpeers + this rank's host reads."""
+    log = fake_env(monkeypatch, tmp_path, rank=5, FAKE_HOSTS=",".join(["node1"] * 64),
+                   FAKE_LPEERS=",".join(str(r) for r in [*range(32, 64), *range(32)]))
     monkeypatch.setattr(pmix, "_done", None)
     monkeypatch.setattr(pmix, "_kept", None)
-    found = pmix.Offer("fake@1", 2, "prrte", "prted", [fake_lib], [], "PMIx server prted")
+    found = pmix.Offer("fake@1", 5, "prrte", "prted", [fake_lib], [], "PMIx server prted")
+    got = pmix.query(timeout=120, found=found, full=True)
+    assert got.hosts == ["node1"] * 64
+    assert [c[0] for c in calls(log, gets=True)].count("get") == 4
+
+
+@pytest.mark.parametrize("rank, lpeers", [
+    (2, "0,1,2"),  # every rank listed, but this rank's host is not rank 0's: read per rank
+    (0, "0,1"),  # rank 2 missing
+    (0, "0,1,2,3"),  # a rank past the job's size
+    (0, "0,1,1"),  # rank 1 twice, rank 2 missing
+    (0, "0,x,2"),  # not ranks
+])
+def test_local_peers_that_do_not_prove_one_node_are_not_taken(fake_lib, monkeypatch, tmp_path,
+                                                               rank, lpeers):
+    log = fake_env(monkeypatch, tmp_path, rank=rank, FAKE_LPEERS=lpeers)
+    monkeypatch.setattr(pmix, "_done", None)
+    monkeypatch.setattr(pmix, "_kept", None)
+    found = pmix.Offer("fake@1", rank, "prrte", "prted", [fake_lib], [], "PMIx server prted")
     got = pmix.query(timeout=120, found=found, full=True)
     assert got.hosts == ["node2", "node2", "node1"]  # FAKE_HOSTS: what pmix.hname says
     assert [c[0] for c in calls(log, gets=True)].count("get") >= 1 + 3  # read per rank

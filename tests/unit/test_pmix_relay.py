@@ -116,6 +116,35 @@ def test_carries_both_ways_then_holds_the_server_s_end_until_this_process_ends(s
         upstream.recv(100)
 
 
+@pytest.mark.parametrize("left", [-1.0, 20.0])
+def test_the_hand_off_to_the_holder_waits_only_within_the_query_s_deadline(server, monkeypatch,
+                                                                          left):
+    """The server's end goes to the task's holder within what is left of the query's deadline
+    (one deadline for the whole query); none left: held here, no holder asked."""
+    from distenv.discovery import holder
+    from distenv.discovery.chain import Chain
+
+    asked = []
+
+    def for_task(task, start, daemon=None, timeout=30.0):
+        asked.append(timeout)
+        raise holder.HolderError("not in this test")
+
+    monkeypatch.setattr(holder, "for_task", for_task)
+    query, client, upstream = through(server)
+    client.sendall(b"x")
+    assert upstream.recv(1) == b"x"
+    client.close()
+    os.write(query.write, b"answer")
+    os.close(query.write)
+    query.thread.join(30)
+    os.close(query.read)
+    task = Chain(os.getppid(), "test", None, os.getpid(), None, ["sh"])
+    query.relay.stop(task=task, deadline=time.monotonic() + left)
+    assert len(asked) == (0 if left < 0 else 1) and all(0 < t <= left for t in asked), asked
+    assert len(pmix_relay.held) == 1  # held here either way (the holder refused, or no time)
+
+
 def test_a_failed_query_drops_the_connection_at_once(server):
     query, client, upstream = through(server)
     client.sendall(b"connect-ack")

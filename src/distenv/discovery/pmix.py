@@ -365,13 +365,6 @@ def _types() -> "tuple[Any, Any]":
     return Proc, Value
 
 
-def _libc_free(ptr: "int | None") -> None:
-    """free() what the library malloc'ed for us (the Resolve calls' results)."""
-    import ctypes
-
-    ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
-
-
 def decode(vtype: int, data: bytes) -> "int | str | None":
     """A pmix_value_t's contents: `vtype` and the union's bytes (for PMIX_STRING: the bytes
     of the NUL-terminated string the pointer points at). Integers by their own width;
@@ -444,31 +437,6 @@ class _Lib:
         rc: int = self.cdll.PMIx_Finalize(None, 0)
         return rc
 
-    def resolve_nodes(self) -> "list[str] | None":
-        """The nodes of this namespace (``PMIx_Resolve_nodes``), None where it fails."""
-        import ctypes
-
-        call = getattr(self.cdll, "PMIx_Resolve_nodes", None)  # (no argtypes: bytes and byref)
-        out = ctypes.c_void_p()
-        if call is None or call(self.me.nspace, ctypes.byref(out)) != 0 or not out.value:
-            return None
-        text = ctypes.string_at(out.value).decode("utf-8", "replace")
-        _libc_free(out.value)
-        return [n for n in text.split(",") if n]
-
-    def resolve_peers(self, node: str) -> "list[int] | None":
-        """The ranks of this namespace on `node` (``PMIx_Resolve_peers``), None where it fails."""
-        import ctypes
-
-        procs, n = ctypes.POINTER(self.Proc)(), ctypes.c_size_t()
-        if self.cdll.PMIx_Resolve_peers(node.encode(), self.me.nspace, ctypes.byref(procs),
-                                        ctypes.byref(n)) != 0:
-            return None
-        ranks = [procs[i].rank for i in range(n.value)]
-        if procs:
-            _libc_free(ctypes.cast(procs, ctypes.c_void_p).value)
-        return ranks
-
     def get(self, rank: int, key: str) -> "int | str | None":
         """`key` of `rank` in this process's namespace; None when the server has none."""
         import ctypes
@@ -502,7 +470,8 @@ def _query(lib: _Lib, full: bool = True) -> "tuple[int, int, list[str], str]":
         raise PMIxError(f"the PMIx server gave job size {size!r} for rank {rank}")
     hosts = [_hname(lib, 0, size)]
     if full and size > 1:
-        hosts = _by_node(lib, size, rank, hosts[0]) or [_hname(lib, r, size) for r in range(size)]
+        hosts = _all_here(lib, size, rank, hosts[0]) or [
+            hosts[0], *(_hname(lib, r, size) for r in range(1, size))]
     return rank, size, hosts, nspace
 
 
@@ -513,26 +482,21 @@ def _hname(lib: _Lib, rank: int, size: int) -> str:
     return host
 
 
-def _by_node(lib: _Lib, size: int, rank: int, host0: str) -> "list[str] | None":
-    """Every rank's host in 1 + nodes calls: the job's nodes (``PMIx_Resolve_nodes``) and the
-    ranks of this namespace on each (``PMIx_Resolve_peers``; the standard's definition, and
-    the ``pmix.local.peers`` Open MPI places its shared memory by), instead of one
-    ``pmix.hname`` read per rank (64 reads were 2.3 ms of a rank's CPU under Open MPI 4).
-    Taken only when it is a partition of ranks 0..size-1 and agrees with ``pmix.hname`` of
-    rank 0 and of this rank (one source, two paths, names alike); else None: read per rank."""
-    nodes = lib.resolve_nodes()
-    hosts: "list[str | None]" = [None] * size
-    for node in nodes or ():
-        for r in lib.resolve_peers(node) or ():
-            if r >= size or hosts[r] is not None:
-                return None
-            hosts[r] = node
-    if None in hosts or hosts[0] != host0 or hosts[rank] != _hname(lib, rank, size):
-        from .door import debug
-
-        debug(f"PMIx_Resolve_peers of nodes {nodes} disagree with pmix.hname: reading it per rank")
+def _all_here(lib: _Lib, size: int, rank: int, host0: str) -> "list[str] | None":
+    """Every rank's host in 2 more reads when every rank runs on this node: ``pmix.lpeers``
+    (the ranks of this namespace on this node: PMIx standard, read at the wildcard rank as Open
+    MPI's own MPI_Init reads it) lists all `size` ranks, and rank 0's ``pmix.hname`` is this
+    rank's. Else None: one ``pmix.hname`` read per rank (64 reads were 2.3 ms of a rank's CPU
+    under Open MPI 4). Not PMIx_Resolve_peers: OpenPMIx 4.2.2's deadlocked in its progress
+    thread behind ch-run under Open MPI 4 (measured; its node-qualified read asks the server)."""
+    peers = lib.get(PMIX_RANK_WILDCARD, "pmix.lpeers")
+    try:
+        ranks = sorted(int(r) for r in peers.split(",")) if isinstance(peers, str) else None
+    except ValueError:
         return None
-    return hosts  # type: ignore[return-value]  # no None left
+    if ranks != list(range(size)) or _hname(lib, rank, size) != host0:
+        return None
+    return [host0] * size
 
 
 _done: "tuple[int, Placement] | None" = None  # (pid, answer): one query per process
@@ -734,7 +698,7 @@ def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
         if pid is not None:
             status = _reap(pid, deadline + 1.0, kill=text is None)
         if relay is not None:
-            relay.stop(drop=text is None, task=found.chain)
+            relay.stop(drop=text is None, task=found.chain, deadline=deadline)
     if text is None:
         raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
                         "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR.")

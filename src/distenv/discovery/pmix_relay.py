@@ -157,11 +157,12 @@ class Relay:
             sock.close()
             pair[side] = None
 
-    def stop(self, drop: bool = False, task: "Any" = None) -> None:
+    def stop(self, drop: bool = False, task: "Any" = None, deadline: "float | None" = None) -> None:
         """The query has ended: no more connections; the server's ends that carried it are
-        handed to the holder of `task` (`distenv.discovery.chain`'s walk), else held here
-        (`held`); with `drop` (the query failed) closed instead: the server must see the loss
-        now, as it would without the relay."""
+        handed to the holder of `task` (`distenv.discovery.chain`'s walk) within what is left
+        of the query's `deadline` (time.monotonic()), else held here (`held`); with `drop`
+        (the query failed) closed instead: the server must see the loss now, as it would
+        without the relay."""
         self.listener.close()
         keep = []
         for pair in self.pairs:
@@ -171,11 +172,12 @@ class Relay:
             elif pair[1] is not None:
                 keep.append(pair[1])
         self.ends.clear()
-        if keep and task is not None:
+        left = 30.0 if deadline is None else deadline - time.monotonic()
+        if keep and task is not None and left > 0:
             try:
                 from . import holder
 
-                h = holder.for_task(task.task, task.task_start, task.daemon_id)
+                h = holder.for_task(task.task, task.task_start, task.daemon_id, timeout=left)
                 for sock in keep:
                     h.ask("hold", fds=[sock.fileno()])
                 for sock in keep:
