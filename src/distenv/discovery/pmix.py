@@ -9,8 +9,9 @@ binary protocol spoken through the C library ``libpmix``; this module calls that
 What it reads (measured on the two namespace nodes, docs/launchers.md#pmix):
 
 * ``PMIx_Init`` gives this process's namespace and rank; ``pmix.job.size`` (rank WILDCARD)
-  the job's size; ``pmix.hname`` of every rank its host. Job-level data the server hands every
-  client at init: the reads are answered locally (about 1-40 ms for the whole job here).
+  the job's size; ``pmix.hname`` of every rank its host -- or, where ``pmix.lpeers`` lists every
+  rank on this node, this rank's host for all (`_all_here`). Job-level data the server hands
+  every client at init: the reads are answered locally (about 1-40 ms for the whole job here).
 * From the host of every rank, `distenv.discovery.from_hostnames` proves the rest: master
   address (rank 0's host), nodes ordered by their lowest rank, node count, local counts.
 * Not used, measured wrong: ``pmix.num.nodes`` read 4 on some ranks of a 2-node Open MPI 5
