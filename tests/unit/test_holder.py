@@ -16,10 +16,10 @@ import pytest
 
 from distenv.discovery import holder as _holder
 from distenv.discovery import chain as chains
-from distenv.discovery.chain import Chain, walk
+from distenv.discovery.chain import Chain, start_time, walk
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-ME = (os.getpid(), _holder.start_time(os.getpid()))
+ME = (os.getpid(), start_time(os.getpid()))
 
 
 def run_py(code: str, **kwargs) -> subprocess.CompletedProcess:
@@ -118,7 +118,7 @@ def test_the_stepd_relay_answers_a_later_init_and_passes_the_rest():
                             stdin=subprocess.PIPE)
     try:
         # this process plays the launcher's daemon: the task is its child
-        h = _holder.start(task.pid, _holder.start_time(task.pid), daemon=ME)
+        h = _holder.start(task.pid, start_time(task.pid), daemon=ME)
         h.ask("pmi_relay", fds=[up.fileno(), down.fileno()])  # before the exchange: paused
         h.ask("pmi_go", init="cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
         up.close()
@@ -146,7 +146,7 @@ def test_a_finalize_from_the_rank_is_passed_on_and_not_repeated():
                             stdin=subprocess.PIPE)
     try:
         # this process plays the launcher's daemon: the task is its child
-        h = _holder.start(task.pid, _holder.start_time(task.pid), daemon=ME)
+        h = _holder.start(task.pid, start_time(task.pid), daemon=ME)
         h.ask("pmi_relay", fds=[up.fileno(), down.fileno()])
         h.tell("pmi_go", init="cmd=response_to_init rc=0")  # as the rank does: no answer
         up.close()
@@ -180,8 +180,8 @@ def test_a_held_connection_closes_when_the_task_ends(server):
     over has closed its own, until the task it watches ends."""
     task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        h = _holder.start(task.pid, _holder.start_time(task.pid),
-                          daemon=(os.getpid(), _holder.start_time(os.getpid())))
+        h = _holder.start(task.pid, start_time(task.pid),
+                          daemon=(os.getpid(), start_time(os.getpid())))
         mine = socket.create_connection(server.getsockname(), timeout=5)
         server.settimeout(10)
         up, _ = server.accept()
@@ -308,12 +308,12 @@ def test_a_later_program_of_the_task_gets_the_first_ones_answer():
     """The first program takes the task's claim and its holder answers the later ones -- only
     this user's processes that descend from the task."""
     me = os.getpid()
-    chain = Chain(1, "fake", "Hydra", me, _holder.start_time(me), ["bash"])
+    chain = Chain(1, "fake", "Hydra", me, start_time(me), ["bash"])
     assert chains.earlier_answer("test-claim", chain, 1) is None
     claim = chains.take_claim("test-claim", chain)
     assert claim is not None
     assert chains.take_claim("test-claim", chain) is None  # taken: one asker per task
-    h = _holder.start(me, _holder.start_time(me))
+    h = _holder.start(me, start_time(me))
     try:
         h.ask("claim", fds=[claim.fileno()], answer='{"said": 1}')
         claim.close()
@@ -342,7 +342,8 @@ def test_the_ranks_of_one_daemon_on_a_node_share_one_holder():
     code = textwrap.dedent(f"""
         import os, sys
         from distenv.discovery import holder as _holder
-        h = _holder.start(os.getpid(), _holder.start_time(os.getpid()), daemon={ME!r})
+        from distenv.discovery.chain import start_time
+        h = _holder.start(os.getpid(), start_time(os.getpid()), daemon={ME!r})
         print(h.pid, flush=True)
         sys.stdin.readline()
     """)
@@ -378,9 +379,9 @@ def test_a_process_outside_its_daemons_tree_is_refused(tmp_path):
     log = tmp_path / "holder.log"
     os.environ["DISTENV_HOLDER_LOG"] = str(log)
     try:
-        ident = (daemon.pid, _holder.start_time(daemon.pid))
+        ident = (daemon.pid, start_time(daemon.pid))
         with pytest.raises(_holder.HolderError, match="no holder answered"):
-            _holder.start(os.getpid(), _holder.start_time(os.getpid()), timeout=2, daemon=ident)
+            _holder.start(os.getpid(), start_time(os.getpid()), timeout=2, daemon=ident)
         text = log.read_text()
         assert f"refused process {os.getpid()}" in text and "watching" not in text, text
     finally:

@@ -296,7 +296,7 @@ if task == "self":
     time.sleep(0.2)
     os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1.5)"])  # as distenv run
 from distenv.discovery.chain import Chain
-from distenv.discovery.holder import start_time
+from distenv.discovery.chain import start_time
 daemon = int(sys.argv[3])
 relay.stop(task=Chain(daemon, "test", None, os.getppid(), start_time(os.getppid()), ["sh"]))
 assert pmix_relay.held == []  # the task's holder has it

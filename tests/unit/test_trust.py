@@ -32,7 +32,7 @@ import pytest
 from distenv.discovery import chain as chains
 from distenv.discovery import door
 from distenv.discovery import holder as _holder
-from distenv.discovery.chain import Chain
+from distenv.discovery.chain import Chain, start_time
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
@@ -136,7 +136,7 @@ def world():
 
 
 def _me() -> "tuple[int, int | None]":
-    return os.getpid(), _holder.start_time(os.getpid())
+    return os.getpid(), start_time(os.getpid())
 
 
 # -- names nobody else can compute -------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_an_impostor_on_the_holders_name_gets_nothing_and_the_task_its_own_holde
     """Another user listens on the holder's exact name and answers like a holder: it used to
     receive the task's descriptors (a live PMI connection). Now the peer check refuses it
     before a byte is sent, and the task gets a holder of its own."""
-    daemon = (os.getppid(), _holder.start_time(os.getppid()))
+    daemon = (os.getppid(), start_time(os.getppid()))
     impostor = Squatter(_holder.address(daemon, _me()), "holder", seconds=3)
     h = None
     try:
@@ -342,7 +342,7 @@ def test_the_holder_log_follows_no_link_another_user_planted(world, monkeypatch)
         child = os.fork()
         if child == 0:  # a task of its own: its holder logs "watching task" at once
             try:
-                _holder.start(os.getpid(), _holder.start_time(os.getpid()), timeout=10).close()
+                _holder.start(os.getpid(), start_time(os.getpid()), timeout=10).close()
                 os._exit(0)
             except BaseException:
                 os._exit(1)

@@ -315,12 +315,13 @@ def _holder_for(found: Offer, deadline: "float | None" = None) -> _Held:
     round trip: 64 ranks on 2 cores waited up to 180 ms for theirs). Reaching it ends by
     `deadline` (time.monotonic()), the exchange's."""
     from . import holder as _holder
+    from .chain import start_time
 
     chain = found.chain
     timeout = 30.0 if deadline is None else max(deadline - time.monotonic(), 0.01)
     try:
         holder = _holder.for_task(chain.task if chain else os.getpid(),
-                                  chain.task_start if chain else _holder.start_time(os.getpid()),
+                                  chain.task_start if chain else start_time(os.getpid()),
                                   chain.daemon_id if chain else None, timeout=timeout)
         if found.server != "SLURM" or found.mode != "fd":
             return _Held(holder)
