@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     import socket
     from collections.abc import Callable
 
+#: The holder program (``python -I -S HOLDER``, `distenv.discovery.holder`), which its clients
+#: check. Named here: the holder imports this module (its process-tree helpers), not the reverse.
+HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder.py")
+
 
 def start_time(pid: int) -> "int | None":
     """Field 22 of /proc/<pid>/stat (clock ticks since boot): with the pid, a process's
@@ -250,10 +254,9 @@ def _check_claim_peer(sock: "socket.socket", chain: Chain) -> None:
     over) or, while it hands it over, that program: a process of this task. Else
     `DoorError`."""
     from .door import DoorError, check_peer, runs
-    from .holder import PROGRAM
 
     pid = check_peer(sock, "the task's claim")
-    if pid > 0 and not (runs(pid, PROGRAM) or descends(pid, chain.task)):
+    if pid > 0 and not (runs(pid, HOLDER) or descends(pid, chain.task)):
         raise DoorError(f"the task's claim is held by process {pid}, neither the holder nor a "
                         f"process of task {chain.task}")
 

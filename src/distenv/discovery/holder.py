@@ -54,7 +54,7 @@ import sys
 import time
 
 try:
-    from .chain import descends, parent_of, start_time
+    from .chain import HOLDER, descends, parent_of, start_time
 except ImportError:  # run as the holder program (`python -I -S holder.py`): no package, so
     # chain.py beside this file, by its path (nothing of the working directory or sys.path)
     import importlib.util as _util
@@ -63,7 +63,8 @@ except ImportError:  # run as the holder program (`python -I -S holder.py`): no 
         os.path.abspath(__file__)), "chain.py"))
     _chain = _util.module_from_spec(_spec)  # type: ignore[arg-type]  # a file: never None
     _spec.loader.exec_module(_chain)  # type: ignore[union-attr]  # as above
-    descends, parent_of, start_time = _chain.descends, _chain.parent_of, _chain.start_time
+    HOLDER, descends, parent_of = _chain.HOLDER, _chain.descends, _chain.parent_of
+    start_time = _chain.start_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ MAX_LINE = 1 << 16
 #: Longest message on the control connection (a claim's answer for a very large job).
 MAX_CTRL = 64 << 20
 #: This file: what a holder process runs (``python -I -S PROGRAM``), which its clients check.
-PROGRAM = os.path.abspath(__file__)
+PROGRAM = HOLDER
 #: How many descriptors each duty comes with (the rest come with none).
 TAKES = {"finalize": 1, "pmi_relay": 2, "hold": 1, "claim": 1}
 #: Seconds the holder waits for a ``finalize_ack`` once a task has ended.
