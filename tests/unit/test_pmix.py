@@ -300,6 +300,7 @@ int PMIx_Get(const proc_t *p, const char *key, void *info, size_t n, value_t **o
     if (!strcmp(key, "pmix.job.size") && p->rank == 0xfffffffe) { v->type = 14; v->d.pad[0] = ((uint64_t)9 << 32) | size; }
     else if (!strcmp(key, "pmix.hname") && mine) { v->type = 3; v->d.s = strdup(mine); }
     else if (!strcmp(key, "pmix.lpeers") && p->rank == 0xfffffffe && getenv("FAKE_LPEERS")) {
+        if (!strcmp(getenv("FAKE_LPEERS"), "error")) { free(v); return -25; }
         v->type = 3; v->d.s = strdup(getenv("FAKE_LPEERS")); }
     else { free(v); return -46; }
     *out = v; return 0;
@@ -508,6 +509,7 @@ def test_every_rank_on_this_node_is_three_reads(fake_lib, monkeypatch, tmp_path)
     (0, "0,1,2,3"),  # a rank past the job's size
     (0, "0,1,1"),  # rank 1 twice, rank 2 missing
     (0, "0,x,2"),  # not ranks
+    (0, "error"),  # the read fails (status -25): optional, never the end of the query
 ])
 def test_local_peers_that_do_not_prove_one_node_are_not_taken(fake_lib, monkeypatch, tmp_path,
                                                                rank, lpeers):

@@ -490,10 +490,10 @@ def _all_here(lib: _Lib, size: int, rank: int, host0: str) -> "list[str] | None"
     rank's. Else None: one ``pmix.hname`` read per rank (64 reads were 2.3 ms of a rank's CPU
     under Open MPI 4). Not PMIx_Resolve_peers: OpenPMIx 4.2.2's deadlocked in its progress
     thread behind ch-run under Open MPI 4 (measured; its node-qualified read asks the server)."""
-    peers = lib.get(PMIX_RANK_WILDCARD, "pmix.lpeers")
-    try:
+    try:  # an optional read: a server that fails it still has every rank's pmix.hname
+        peers = lib.get(PMIX_RANK_WILDCARD, "pmix.lpeers")
         ranks = sorted(int(r) for r in peers.split(",")) if isinstance(peers, str) else None
-    except ValueError:
+    except (PMIxError, ValueError):
         return None
     if ranks != list(range(size)) or _hname(lib, rank, size) != host0:
         return None
