@@ -183,6 +183,9 @@ SERVER_ENV = {"PMIX_NAMESPACE": "prterun-vm-1@1", "PMIX_RANK": "0",
     ({**SERVER_ENV, "PMIX_RANK": "x"}, "is not a rank"),
     ({**SERVER_ENV, pmix.HELD_VAR: "1;ns;a*2"}, "belongs to process 1"),
     (SERVER_ENV, "(orted, prted, prterun, mpirun, slurmstepd)"),  # no launcher daemon above pytest
+    # a URI variable of a release not in pmix.URIS: still a server (then the same refusal)
+    ({"PMIX_NAMESPACE": "x", "PMIX_RANK": "0", "PMIX_SERVER_URI6": "x.0;tcp4://127.0.0.1:1"},
+     "(orted, prted, prterun, mpirun, slurmstepd)"),
 ])
 def test_offer_refuses(environ, why):
     found, why_not = pmix.offer(environ)

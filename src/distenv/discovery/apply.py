@@ -171,7 +171,7 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
         changes["local_rank"] = sum(1 for name in names[:env.rank] if name == mine)
     if env.master_addr is None:  # one node: loopback, as the resolver's own one-node rule
         changes["master_addr"] = names[0] if len(nodes) > 1 else "127.0.0.1"
-    else:  # (imported here: most discoveries have no master address to check)
+    elif len(nodes) > 1:  # one host: no other host the address could be (no import, no lookup)
         from ..core.placement import not_rank_0s
 
         not_rank_0s(env, names[0], counts, why)
