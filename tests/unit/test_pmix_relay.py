@@ -94,6 +94,10 @@ def through(server: socket.socket, **extra):
 @pytest.fixture(autouse=True)
 def nothing_held(monkeypatch):
     monkeypatch.setattr(pmix_relay, "held", [])
+    monkeypatch.setattr(pmix_relay, "lines", [])
+    yield
+    for fd in pmix_relay.lines:  # a keeper a test started ends with its life line
+        os.close(fd)
 
 
 def test_carries_both_ways_then_holds_the_server_s_end_until_this_process_ends(server):
@@ -139,7 +143,7 @@ def test_the_hand_off_to_the_holder_waits_only_within_the_query_s_deadline(serve
     os.close(query.write)
     query.thread.join(30)
     os.close(query.read)
-    task = Chain(os.getppid(), "test", None, os.getpid(), None, ["sh"])
+    task = Chain(1, "test", None, os.getppid(), None, ["sh"])  # a job script's: its holder
     query.relay.stop(task=task, deadline=time.monotonic() + left)
     assert len(asked) == (0 if left < 0 else 1) and all(0 < t <= left for t in asked), asked
     assert len(pmix_relay.held) == 1  # held here either way (the holder refused, or no time)
@@ -290,25 +294,28 @@ if os.fork() == 0:  # the query process
 os.close(write)
 assert pmix_relay.collect(read, time.monotonic() + 30, relay) == b""
 os.wait()
-if task == "self":
-    relay.stop()
-    assert len(pmix_relay.held) == 1
-    time.sleep(0.2)
-    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1.5)"])  # as distenv run
 from distenv.discovery.chain import Chain
 from distenv.discovery.chain import start_time
+if task in ("self", "keeper"):
+    if task == "self":  # no task: no holder to reach
+        relay.stop()
+    else:  # the task is this process: a keeper holds it
+        relay.stop(task=Chain(1, "test", None, os.getpid(), start_time(os.getpid()), []))
+    assert len(pmix_relay.held) == (task == "self")
+    time.sleep(0.2)
+    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1.5)"])  # as distenv run
 daemon = int(sys.argv[3])
 relay.stop(task=Chain(daemon, "test", None, os.getppid(), start_time(os.getppid()), ["sh"]))
 assert pmix_relay.held == []  # the task's holder has it
 """
 
 
-@pytest.mark.parametrize("task", ["self", "parent"])
+@pytest.mark.parametrize("task", ["self", "parent", "keeper"])
 def test_the_held_end_closes_when_the_task_ends(server, task):
     """`distenv run` execs the command after the query: the server sees the close only when
     the command has ended, not at the exec ("self"). A job script ran Python, which asked
     and ended: the server sees the close when the script ends ("parent": the task's holder
-    holds it)."""
+    holds it). The same where the rank's keeper holds it ("keeper": the task is the rank)."""
     import subprocess
     import sys
 
@@ -356,3 +363,64 @@ def test_descriptors_beyond_fd_setsize(server):
         for fd in filler + [devnull]:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+#: A rank that hands its end to a keeper, says so, then waits for a line on its stdin.
+KEEPER_RANK = r"""
+import socket, sys
+from distenv.discovery import pmix_relay
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+sock.sendall(b"hello")
+assert pmix_relay.keeper([sock])
+assert sock.fileno() == -1  # closed here: the keeper has its copy
+print("handed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_keeper_holds_the_end_until_the_rank_ends_and_nothing_else(server):
+    """The keeper (``cat`` on the rank's life line) keeps the server's end open while the rank
+    lives, holds nothing of the rank's but that end, and closes it once the rank has ended."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    rank = subprocess.Popen([sys.executable, "-c", KEEPER_RANK, str(server.getsockname()[1])],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        server.settimeout(20)
+        upstream, _ = server.accept()
+        assert upstream.recv(5) == b"hello"
+        assert rank.stdout.readline() == b"handed\n"
+        children = [int(c) for t in os.listdir(f"/proc/{rank.pid}/task")
+                    for c in open(f"/proc/{rank.pid}/task/{t}/children").read().split()]
+        (cat,) = [c for c in children if os.readlink(f"/proc/{c}/exe").endswith("/cat")]
+        fds = {int(fd): os.readlink(f"/proc/{cat}/fd/{fd}") for fd in os.listdir(f"/proc/{cat}/fd")}
+        assert fds[0].startswith("pipe:") and fds[1] == fds[2] == "/dev/null"
+        (extra,) = [target for fd, target in fds.items() if fd > 2]  # the server's end alone
+        assert extra.startswith("socket:")
+        upstream.sendall(b"late event")  # not an error
+        assert not readable(upstream, 0.5)  # held
+        rank.stdin.write(b"end\n")
+        rank.stdin.close()
+        assert rank.wait(10) == 0
+        assert readable(upstream, 10)  # closed after the rank: a reset (the event unread)
+        with pytest.raises(ConnectionResetError):
+            upstream.recv(100)
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_no_keeper_program_means_nothing_handed(server, monkeypatch):
+    """No ``cat`` to start: nothing is handed (the caller falls back to the holder or to
+    holding it itself) and nothing leaks."""
+    monkeypatch.setattr(pmix_relay, "KEEPER", ("/nonexistent/cat",))
+    before = len(os.listdir("/proc/self/fd"))
+    sock = socket.create_connection(("127.0.0.1", server.getsockname()[1]))
+    try:
+        assert not pmix_relay.keeper([sock])
+        assert sock.fileno() >= 0 and pmix_relay.lines == []
+        assert len(os.listdir("/proc/self/fd")) == before + 1  # the socket alone
+    finally:
+        sock.close()

@@ -14,14 +14,17 @@ callback into the server's thread (openpmix#3605); servers in use still have the
 
 With the relay the query process talks to the server through this process (`collect` pumps
 both ways while it waits for the answer: no thread, no other process). When the query process
-has finalized and exited, the server's end is handed to the task's holder
-(`distenv.discovery.holder`, ``hold``), which drains it and closes it when the task ends (the
-rank, the command ``distenv run`` execs, or a job script). The close then comes long after the
-server marked the client, and can no longer overtake the mark. Kept in the rank itself
-instead (closed at its exit), 5 of 40 two-node mpi4py jobs under Open MPI 5 hung in their last
-fence (measured 2026-12-06, `test_mpi4py_after_discovery`; 0 of 50 through the holder; the
-cause was not found): the rank keeps it (`held`, inheritable) only where no holder can be
-reached.
+has finalized and exited, the server's end goes to a process that closes it only after the
+task has ended: the close then comes long after the server marked the client, and can no
+longer overtake the mark. Where this process is the task's only program (the launcher started
+it, directly or through container starters), a `keeper`: ``cat`` reading a pipe this process
+(and a program it execs) holds open. Where the task is a job script, the task's holder
+(`distenv.discovery.holder`, ``hold``), which drains it and closes it when the script ends.
+Kept in the rank itself instead (closed by the kernel at its exit), 6 of 60 two-node mpi4py
+jobs under Open MPI 5 hung in their last fence, 13 of 60 with the end moved past every other
+descriptor (measured 2026-12-07, `test_mpi4py_after_discovery`; 0 of 60 through the keeper, 0
+of 50 through the holder; the cause was not found): the rank keeps it (`held`, inheritable)
+only where neither can take it.
 
 Only for servers reached over TCP (``PMIX_SERVER_URI*`` = ``<nspace>.<rank>;tcp4://...`` or
 ``tcp6://``, all naming one address); otherwise `open_relay` returns None and the query
@@ -159,10 +162,11 @@ class Relay:
 
     def stop(self, drop: bool = False, task: "Any" = None, deadline: "float | None" = None) -> None:
         """The query has ended: no more connections; the server's ends that carried it are
-        handed to the holder of `task` (`distenv.discovery.chain`'s walk) within what is left
-        of the query's `deadline` (time.monotonic()), else held here (`held`); with `drop`
-        (the query failed) closed instead: the server must see the loss now, as it would
-        without the relay."""
+        held until `task` (`distenv.discovery.chain`'s walk) ends: by a `keeper` when this
+        process is the task's only program, else (a job script's) by the task's holder within
+        what is left of the query's `deadline` (time.monotonic()), else here (`held`); with
+        `drop` (the query failed) closed instead: the server must see the loss now, as it
+        would without the relay."""
         self.listener.close()
         keep = []
         for pair in self.pairs:
@@ -172,8 +176,12 @@ class Relay:
             elif pair[1] is not None:
                 keep.append(pair[1])
         self.ends.clear()
+        if not keep:
+            return
+        if task is not None and not task.wrapped and keeper(keep):
+            return
         left = 30.0 if deadline is None else deadline - time.monotonic()
-        if keep and task is not None and left > 0:
+        if task is not None and left > 0:
             try:
                 from . import holder
 
@@ -188,10 +196,56 @@ class Relay:
 
                 get_logger(__name__).debug(f"PMIx relay: the task's holder did not take the "
                                            f"connection ({exc}); held until this process ends")
-        # no holder: held here until this process (or a program it execs) ends
+        # nobody else: held here until this process (or a program it execs) ends
         for sock in keep:
             os.set_inheritable(sock.fileno(), True)
             held.append(sock)
+
+
+#: The keeper's program: it blocks reading its standard input and ends at its end of file.
+KEEPER = ("/bin/cat", "/usr/bin/cat")
+#: This process's end of each keeper's life line (inheritable: a program it execs keeps it).
+lines: "list[int]" = []
+
+
+def keeper(socks: "list[Any]") -> bool:
+    """Hand `socks` to a keeper that closes them only after this process has ended: ``cat``
+    started with them as extra descriptors and the read end of a pipe as its standard input,
+    whose write end this process keeps (inheritable: a program it execs -- ``distenv run``'s
+    command -- keeps it too). When the last holder of the write end is gone, ``cat`` reads
+    the end of file and exits, and the kernel closes its copies: after this process's own
+    descriptors, as the holder's close after the task's end (in the rank itself, closed at
+    its own exit, 6 of 60 and 13 of 60 two-node mpi4py jobs under Open MPI 5 hung; through a
+    keeper 0 of 60). Its cost: one posix_spawn (no fork of this process's memory; safe in
+    a threaded process), about 1 MB; a holder costs an interpreter, about 30 ms of CPU, and
+    behind a starter that gives every rank its own pid namespace every rank needed one
+    (the query at 0.77x MPI_Init against 0.25x without). False where no ``cat`` can be
+    started (nothing handed)."""
+    read, write = os.pipe()
+    base = max(read, write, *(s.fileno() for s in socks)) + 1  # dup2 targets clobber no source
+    actions = [(os.POSIX_SPAWN_DUP2, read, 0), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+               (os.POSIX_SPAWN_DUP2, 1, 2)]
+    actions += [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i) for i, s in enumerate(socks)]
+    try:
+        for path in KEEPER:
+            try:
+                os.posix_spawn(path, ["cat"], {}, file_actions=actions)
+                break
+            except FileNotFoundError:
+                continue
+        else:
+            os.close(write)
+            return False
+    except OSError:
+        os.close(write)
+        return False
+    finally:
+        os.close(read)
+    os.set_inheritable(write, True)
+    lines.append(write)
+    for sock in socks:
+        sock.close()  # the keeper has its copies
+    return True
 
 
 def tcp_owner(local: "tuple[str, int]", remote: "tuple[str, int]") -> "int | None":
@@ -279,5 +333,5 @@ def open_relay(environ: "Mapping[str, str]") -> "Relay | None":
         return None
 
 
-__all__ = ["open_relay", "collect", "server_address", "held", "Relay", "URI_PREFIX",
+__all__ = ["open_relay", "collect", "server_address", "held", "keeper", "lines", "Relay", "URI_PREFIX",
            "MAX_CONNECTIONS"]
