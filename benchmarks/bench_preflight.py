@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_preflight.py [--peers 4000] [--tf-workers 1024]
                                                    [--store-peers 4000] [--timeout 10]
-                                                   [--procs 8] [--json]
+                                                   [--procs 8] [--only tf] [--json]
 
 Every simulated process runs distenv's own code (`distenv.bringup.preflight.meet` for the star that
 torch's neighbours JAX and Horovod use, `distenv.tensorflow.rendezvous` for TensorFlow's
@@ -411,6 +411,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--late", type=float, default=3.0)
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", default="",
+                    help="run only the scenarios whose name starts with this (e.g. 'tf')")
     ap.add_argument("--role", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kind", default="star", help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
@@ -439,6 +441,7 @@ def main(argv: "list[str] | None" = None) -> int:
         else:
             plan += [("torch TCPStore meet", "store", args.store_peers + 1, False, 0.0),
                      ("torch TCPStore missing", "store", args.store_peers + 1, True, 0.0)]
+    plan = [step for step in plan if step[0].startswith(args.only)]
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
           f"{args.procs} role processes of threads, RLIMIT_NOFILE 1024")
     report, goals = {}, []
