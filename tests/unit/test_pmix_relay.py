@@ -412,6 +412,40 @@ def test_a_keeper_holds_the_end_until_the_rank_ends_and_nothing_else(server):
         rank.wait()
 
 
+#: The same rank with its standard streams closed: the pipe and the socket get numbers 0-2.
+KEEPER_RANK_CLOSED = r"""
+import os, socket, sys, time
+from distenv.discovery import pmix_relay
+port = int(sys.argv[1])
+for fd in (0, 1, 2):
+    os.close(fd)
+sock = socket.create_connection(("127.0.0.1", port))
+sock.sendall(b"hello")
+assert sock.fileno() <= 2
+assert pmix_relay.keeper([sock])
+time.sleep(1.5)
+"""
+
+
+def test_a_keeper_of_a_rank_without_standard_streams_still_holds_the_end(server):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    rank = subprocess.Popen([sys.executable, "-c", KEEPER_RANK_CLOSED, str(server.getsockname()[1])],
+                            env=env)
+    try:
+        server.settimeout(20)
+        upstream, _ = server.accept()
+        assert upstream.recv(5) == b"hello"
+        assert not readable(upstream, 1.0)  # held while the rank sleeps
+        assert rank.wait(10) == 0
+        assert readable(upstream, 10) and upstream.recv(100) == b""  # closed after the rank
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_no_keeper_program_means_nothing_handed(server, monkeypatch):
     """No ``cat`` to start: nothing is handed (the caller falls back to the holder or to
     holding it itself) and nothing leaks."""

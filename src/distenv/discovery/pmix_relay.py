@@ -222,10 +222,15 @@ def keeper(socks: "list[Any]") -> bool:
     (the query at 0.77x MPI_Init against 0.25x without). False where no ``cat`` can be
     started (nothing handed)."""
     read, write = os.pipe()
-    base = max(read, write, *(s.fileno() for s in socks)) + 1  # dup2 targets clobber no source
-    actions = [(os.POSIX_SPAWN_DUP2, read, 0), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-               (os.POSIX_SPAWN_DUP2, 1, 2)]
-    actions += [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i) for i, s in enumerate(socks)]
+    # Every source first to a number above them all (a source may be 0-2 where this process
+    # has closed its standard streams), then the standard streams from those copies.
+    base = max(read, write, *(s.fileno() for s in socks)) + 1
+    life = base + len(socks)
+    actions: "list[tuple[Any, ...]]" = [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i)
+                                        for i, s in enumerate(socks)]
+    actions += [(os.POSIX_SPAWN_DUP2, read, life), (os.POSIX_SPAWN_DUP2, life, 0),
+                (os.POSIX_SPAWN_CLOSE, life), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, 1, 2)]
     try:
         for path in KEEPER:
             try:
