@@ -222,12 +222,16 @@ def keeper(socks: "list[Any]") -> bool:
     (the query at 0.77x MPI_Init against 0.25x without). False where no ``cat`` can be
     started (nothing handed)."""
     read, write = os.pipe()
-    # Every source first to a number above them all (a source may be 0-2 where this process
-    # has closed its standard streams), then the standard streams from those copies.
-    base = max(read, write, *(s.fileno() for s in socks)) + 1
+    sources = {read, *(s.fileno() for s in socks)}
+    # Nothing else of this process's: an inheritable descriptor a library left here (a pipe
+    # its reader waits to see closed) would stay open in `cat` (closing one that is gone by
+    # then is ignored). Then every source to a number above them all (a source may be 0-2
+    # where this process has closed its standard streams), then the standard streams.
+    actions: "list[tuple[Any, ...]]" = [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()
+                                        if fd > 2 and fd not in sources]
+    base = max(write, *sources) + 1
     life = base + len(socks)
-    actions: "list[tuple[Any, ...]]" = [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i)
-                                        for i, s in enumerate(socks)]
+    actions += [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i) for i, s in enumerate(socks)]
     actions += [(os.POSIX_SPAWN_DUP2, read, life), (os.POSIX_SPAWN_DUP2, life, 0),
                 (os.POSIX_SPAWN_CLOSE, life), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_DUP2, 1, 2)]
@@ -251,6 +255,18 @@ def keeper(socks: "list[Any]") -> bool:
     for sock in socks:
         sock.close()  # the keeper has its copies
     return True
+
+
+def _inheritable() -> "list[int]":
+    """This process's inheritable descriptors."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.get_inheritable(int(name)):
+                out.append(int(name))
+        except OSError:  # closed since it was listed (the listing's own descriptor among them)
+            pass
+    return out
 
 
 def tcp_owner(local: "tuple[str, int]", remote: "tuple[str, int]") -> "int | None":
