@@ -10,6 +10,8 @@
                                             rank: its exit status, stdout and stderr
     discover_probe.py bring-up              what the adapters' bring-up completes (the fields
                                             torch needs), or its error
+    discover_probe.py torch                 distenv.torch's whole bring-up (rank 0's own checks
+                                            included, nothing exported), or its error
 
 The launcher's own truth is the rank variable it set (SLURM_PROCID, OMPI_COMM_WORLD_RANK,
 PMI_RANK) and this host's name. Standard library only, apart from distenv itself.
@@ -97,9 +99,26 @@ def bring_up_mode() -> None:
     emit(record)
 
 
+def torch_mode() -> None:
+    import distenv
+    from distenv.bringup import NEVER, bring_up
+
+    record = {"truth": truth(), "given": os.environ.get("MASTER_ADDR")}
+    t0 = time.monotonic()
+    try:
+        env = bring_up("torch", export=NEVER, teardown=NEVER)
+        record.update(env=env.to_dict(), why=dict(env.provenance))
+    except distenv.DistEnvError as exc:
+        record["error"] = str(exc)
+    record["seconds"] = time.monotonic() - t0
+    emit(record)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "bring-up":
         bring_up_mode()
+    elif sys.argv[1] == "torch":
+        torch_mode()
     elif sys.argv[1] == "discover":
         discover_mode(sys.argv[2] if len(sys.argv) > 2 else None)
     elif sys.argv[1] == "show":

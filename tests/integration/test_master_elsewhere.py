@@ -65,3 +65,86 @@ def test_a_per_node_launch_refuses_a_master_on_another_node_than_node_0(need):
             assert f"master_addr={given}" in error and "rank 0 runs on node1" in error, r
     for r in _records(lay, harness.NODE_IP["node1"], per_node):
         assert "error" not in r and r["env"]["launch"] == "per-node", r
+
+
+#: A forwarder on node2 (a load balancer, a NAT, a Kubernetes service, a published container
+#: port in one): it listens at its PORT and pipes each connection to TARGET:PORT; with no
+#: target it is "another program" that takes the connection and never answers.
+FORWARDER = r'''
+import socket, sys, threading
+port, target = int(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else None)
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("0.0.0.0", port)); ls.listen(8); print("ready", flush=True)
+def pipe(a, b):
+    try:
+        while (data := a.recv(4096)):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        b.close()
+held = []
+while True:
+    c, _ = ls.accept()
+    if target is None:
+        held.append(c); continue
+    u = socket.create_connection((target, port))
+    for a, b in ((c, u), (u, c)):
+        threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+'''
+
+
+def _rank_0(given, port):
+    """distenv.torch's bring-up of rank 0 of 2 on node1, set by hand (no launcher places it)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": given, "MASTER_PORT": str(port)}
+    p = subprocess.run([harness.ON_NODE, "node1", harness.PY, PROBE, "torch"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    records = harness.parse_records(p.stdout)
+    assert len(records) == 1, (p.stdout, p.stderr)
+    return records[0]
+
+
+def _on_node2(port, *target):
+    import subprocess
+
+    p = subprocess.Popen([harness.ON_NODE, "node2", harness.PY, "-c", FORWARDER, str(port), *target],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_rank_0_alone_refuses_an_address_that_does_not_lead_to_it(cluster):
+    """Where nothing places rank 0 (RANK, WORLD_SIZE, MASTER_ADDR by hand), rank 0 itself dials
+    the master address at the master port while it listens there: node2 with nothing at the
+    port (refused) and node2 with another program there are errors naming both hosts; node2
+    forwarding to node1 (a load balancer's or a NAT's address, none of node1's own) and node1's
+    own address pass."""
+    import random
+
+    port = random.randint(21000, 28999)
+    for given in ("node2", harness.NODE_IP["node2"]):
+        r = _rank_0(given, port)
+        error = r.get("error", "")
+        assert f"master_addr={given}" in error and "where rank 0 runs" in error and "node1" in error \
+            and "refused the connection" in error and error.count("Fix:") == 1, r
+    other = _on_node2(port)
+    try:
+        r = _rank_0("node2", port)
+        assert "is answered by another program" in r.get("error", ""), r
+        assert r["seconds"] < 10, r  # its bound: the lookup and one dial
+    finally:
+        other.kill()
+        other.wait()
+    forward = _on_node2(port, harness.NODE_IP["node1"])
+    try:
+        r = _rank_0("node2", port)
+        assert "error" not in r and r["env"]["master_addr"] == "node2", r
+    finally:
+        forward.kill()
+        forward.wait()
+    for given in ("node1", harness.NODE_IP["node1"]):
+        r = _rank_0(given, port)
+        assert "error" not in r and r["env"]["master_addr"] == given, r

@@ -351,3 +351,89 @@ def test_a_per_node_launch_refuses_a_master_given_on_another_node_than_node_0():
         with pytest.raises(DistEnvError, match=r"master_addr=node2 .* rank 0 runs on node1"):
             bringup.completed(distenv.resolve({**env, "MASTER_ADDR": "node2"}))
         assert bringup.completed(distenv.resolve({**env, "MASTER_ADDR": "node1"})).master_addr == "node1"
+
+
+# -- rank 0's own look at the master address (distenv.bringup.master; the two-node cases, refused,
+# answered by another program, forwarded, are in tests/integration/test_master_elsewhere.py) ----
+def _outbound_address():
+    """This host's address toward the network (a UDP socket's local end: nothing is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+def _free_port():
+    from distenv.core.ports import free
+
+    return free(20000 + os.getpid() % 9000)
+
+
+def _rank_0(addr, port):
+    return distenv.resolve({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": addr,
+                            "MASTER_PORT": str(port)})
+
+
+def test_rank_0_dials_its_own_listener_and_finds_itself():
+    from distenv.bringup import master
+
+    port = _free_port()
+    assert master._dial(["127.0.0.1"], port) == ["here"]
+    holder = _holding(port)  # the port held here (torchrun's agent's store): nothing to compare
+    try:
+        assert master._listen(port) == [] and master._dial(["127.0.0.1"], port) == []
+    finally:
+        holder.close()
+    assert master._listen(port), "the dial left the port taken (TIME_WAIT or a listener)"
+    for s in master._listen(port):
+        s.close()
+
+
+def test_an_own_address_another_name_or_a_name_that_proves_nothing_passes(monkeypatch):
+    """This host's own address (bound, not dialed), its name, loopback, a name that does not
+    resolve, an unreachable network: no error; the port may even be held by another program."""
+    import socket
+
+    from distenv.bringup import master
+
+    port = _free_port()
+    holder = _holding(port)
+    try:
+        given = [socket.gethostname(), "localhost", "127.0.0.1", "nosuch.invalid", "198.51.100.7"]
+        own = _outbound_address()
+        if own is not None:
+            assert master._own(own)
+            given.append(own)
+        for addr in given:
+            monkeypatch.setattr(master, "_checked", set())
+            master.is_rank_0s(_rank_0(addr, port))  # returns
+    finally:
+        holder.close()
+    assert not master._own("198.51.100.7")
+
+
+def test_only_rank_0_looks_and_only_once(monkeypatch):
+    """Another rank, a one-process run, or a second bring-up of the same address: no dial."""
+    from distenv.bringup import master
+
+    dialed = []
+    monkeypatch.setattr(master, "_dial", lambda addresses, port: dialed.append(addresses) or ["refused"])
+    monkeypatch.setattr(master, "_checked", set())
+    monkeypatch.setattr(master, "_own", lambda address: False)
+    port = _free_port()
+    master.is_rank_0s(distenv.resolve({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "192.0.2.77",
+                                       "MASTER_PORT": str(port)}))
+    master.is_rank_0s(distenv.resolve({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "192.0.2.77",
+                                       "MASTER_PORT": str(port)}))
+    assert dialed == []
+    with pytest.raises(DistEnvError, match=r"^master_addr=192\.0\.2\.77 \(MASTER_ADDR\) is none of the "
+                                           r"addresses of .*, where rank 0 runs, and 192\.0\.2\.77:\d+ "
+                                           r"dialed from there refused the connection: .* Fix: [^\n]*$"):
+        master.is_rank_0s(_rank_0("192.0.2.77", port))
+    master.is_rank_0s(_rank_0("192.0.2.77", port))  # once per address and port
+    assert dialed == [["192.0.2.77"]]

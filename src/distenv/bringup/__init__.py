@@ -16,7 +16,9 @@ framework's own calls.
 5. on rank 0 of the torch family (whose rank 0 binds the master port: torch's store, or the
    torchrun `distenv run` starts), when distenv derived the port, check it is free here
    (`port_is_free`): a port another job holds would make the ranks meet that job, or fail
-   with torch's bare "address already in use";
+   with torch's bare "address already in use"; and that the master address leads to this
+   host (`distenv.bringup.master`: an address none of its own that refuses or answers
+   another program is an error naming both);
 6. register the orderly end of a torch process group at exit (`distenv.bringup.teardown`).
 
 Standard library only; what a framework does next is its adapter's.
@@ -207,8 +209,11 @@ def bring_up(framework: str, *, environ: "Mapping[str, str] | None" = None,
     refuse(env, framework)
     if environ is None if complete is None else complete:
         env = completed(env, nodes=row.nodes, need=need, timeout=timeout)
-        if row.check_port:
+        if row.check_port:  # rank 0 starts torch's store: its port free, its address its own
             port_is_free(env)
+            from .master import is_rank_0s
+
+            is_rank_0s(env)
     if _when(row.export if export is None else export, env):
         if target is None:
             target = environ if _writable(environ) else os.environ  # type: ignore[assignment]

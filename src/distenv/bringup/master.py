@@ -1,0 +1,202 @@
+"""Rank 0's own look at the master address (issue 42, item 4): is it this host?
+
+Every other rank dials the master address at the master port, and only rank 0 (node 0 of a
+per-node launch, whose torchrun binds the port) starts something there. Where the launch does
+not place rank 0 (`DistEnv.rank_hosts` unknown: the user's own variables, a platform's), only
+rank 0 can tell that the address leads elsewhere; a wrong one otherwise makes every rank wait
+on a host where nothing will listen (30 minutes, by torch's default).
+
+"None of this host's addresses" is no proof: a NAT, a load balancer, a Kubernetes service or a
+published container port forwards an address of another machine here. So rank 0 asks the
+network, as the other ranks will:
+
+1. the address is this host's name, a loopback, or resolves to an address this host can bind
+   (the kernel's own list: no interface parsing) -> rank 0's; done;
+2. else rank 0 listens on the master port (every address, as torch's store does) for a moment
+   and dials the address at that port itself, sending a token:
+   - the token arrives at its listener -> the address leads here (through whatever forwards);
+   - the connection is refused -> the host behind the address has nothing on that port, and a
+     path that forwarded here would have reached the listener: wrong;
+   - another program answers (connected, the token never arrives) -> wrong;
+   - no answer within `REACH_SECONDS`, an unreachable network, a name that does not resolve,
+     the port already held here (torchrun's agent holds its store's): no proof, it passes (the
+     pre-flight still names an unreachable master within DISTENV_TIMEOUT on the other ranks).
+
+A refusal is the one inference: a firewall that rejects (rather than drops) rank 0's own
+connection to its own forwarded address while forwarding everyone else's would make it wrong;
+hairpin paths that do not work drop packets (a timeout: passes).
+
+Called at bring-up only, once per process, never by `resolve()`. Standard library only.
+"""
+
+from __future__ import annotations
+
+from ..errors import DistEnvError
+
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    import socket
+
+    from ..core.description import DistEnv
+
+#: Seconds rank 0 gives its own connection to the master address, from the dial to the token:
+#: a forwarding path answers within milliseconds; one that drops packets proves nothing.
+REACH_SECONDS = 2.0
+#: Addresses of the master name dialed at most (a name with many is a service's: the first few
+#: are what a client tries first).
+DIALED = 4
+_checked: "set[tuple[str, int]]" = set()
+
+
+def is_rank_0s(env: "DistEnv") -> None:
+    """On rank 0 (`env.is_main`) of a distributed launch, once per address and port: raises
+    `DistEnvError` naming the address and this host when the master address provably does not
+    lead here (the module doc); returns otherwise."""
+    import socket
+
+    addr, port = env.master_addr, env.master_port
+    if not env.is_distributed or not env.is_main or not addr or port is None \
+            or (addr, port) in _checked:
+        return
+    _checked.add((addr, port))
+    here = socket.gethostname()
+    placed = env.rank_hosts[0] if env.rank_hosts else None
+    if addr.lower() in {here.lower(), here.split(".")[0].lower(), (placed or "").lower()} \
+            or addr.lower() == "localhost" or addr.startswith("127.") or addr == "::1":
+        return
+    from ..core.placement import _addresses  # bounded by its LOOKUP_SECONDS
+
+    addresses = sorted(_addresses([addr]).get(addr, ()))
+    if not addresses or any(_own(a) for a in addresses):
+        return  # unresolved (no proof), loopback only, or one of this host's own
+    outcomes = _dial(addresses[:DIALED], port)
+    if outcomes and all(o in ("refused", "other") for o in outcomes):
+        said = ("refused the connection" if all(o == "refused" for o in outcomes)
+                else "is answered by another program")
+        raise DistEnvError(
+            f"master_addr={addr} ({env.provenance.get('master_addr')}) is none of the addresses "
+            f"of {here}, where rank 0 runs, and {addr}:{port} dialed from there {said}: every "
+            f"other rank would wait at {addr} for a store rank 0 starts on {here}. Fix: unset "
+            f"MASTER_ADDR (distenv takes rank 0's host), or set it to {here} (or an address "
+            f"that leads there) on every rank.")
+
+
+def _own(address: str) -> bool:
+    """Can this host bind `address` (a new socket, port 0)? Where non-local binds are allowed
+    (net.ipv{4,6}.ip_nonlocal_bind) a bind proves nothing: not own."""
+    import socket
+
+    v6 = ":" in address
+    try:
+        with open(f"/proc/sys/net/ipv{6 if v6 else 4}/ip_nonlocal_bind") as f:
+            if f.read().strip() != "0":
+                return False
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _dial(addresses: "list[str]", port: int) -> "list[str]":
+    """Each address dialed at `port` from here while this host listens there: "here" (the token
+    came back), "refused", "other" (someone else answered) or "unknown"; [] when the port
+    cannot be listened on here (held: nothing to compare with)."""
+    listeners = _listen(port)
+    out: "list[str]" = []
+    try:
+        for address in addresses if listeners else ():
+            out.append(_one(address, port, listeners))
+            if out[-1] == "here":
+                break
+    finally:
+        for s in listeners:
+            s.close()
+    return out
+
+
+def _listen(port: int) -> "list[socket.socket]":
+    """Listeners on `port` at every IPv4 and IPv6 address (as torch's store listens); [] when
+    the port is held here (torchrun's agent, another program)."""
+    import socket
+
+    listeners = []
+    for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 here
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((anywhere, port))
+            s.listen(8)
+            s.setblocking(False)
+            listeners.append(s)
+        except OSError:
+            s.close()
+            if family == socket.AF_INET:
+                for held in listeners:
+                    held.close()
+                return []
+    return listeners
+
+
+#: SO_LINGER {on, 0 s}: closed with a reset, so no TIME_WAIT is left on the master port.
+_LINGER = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+
+
+def _one(address: str, port: int, listeners: "list[socket.socket]") -> str:
+    """One dial of `address`:`port` with a fresh token, watched on `listeners`."""
+    import os
+    import select
+    import socket
+    import time
+
+    token = os.urandom(16)
+    deadline = time.monotonic() + REACH_SECONDS
+    c = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
+    came: "dict[socket.socket, bytes]" = {}  # accepted here -> what it sent
+    try:
+        c.settimeout(REACH_SECONDS)
+        try:
+            c.connect((address, port))
+            c.sendall(token)
+        except ConnectionRefusedError:
+            return "refused"
+        except OSError:  # timed out, unreachable: no proof
+            return "unknown"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "other"
+            ready, _, _ = select.select([*listeners, *came], [], [], left)
+            for s in ready:
+                if s in listeners:
+                    try:
+                        conn, _ = s.accept()
+                    except OSError:
+                        continue
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
+                    came[conn] = b""
+                    continue
+                try:
+                    data = s.recv(64)
+                except OSError:
+                    data = b""
+                if not data:
+                    del came[s]
+                    s.close()
+                    continue
+                came[s] += data
+                if token in came[s]:
+                    return "here"
+    finally:
+        c.close()
+        for s in came:
+            s.close()
