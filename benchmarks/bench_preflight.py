@@ -327,11 +327,12 @@ def scenario(kind: str, size: int, procs: int, timeout: float, late: float = 0.0
     return out
 
 
-def star_bound(size: int, timeout: float) -> int:
-    """The most requests one star client makes in a wait of `timeout` (module doc)."""
+def star_bound(size: int, timeout: float, local: int = 1) -> int:
+    """The most requests one star client makes in a wait of `timeout` (module doc), `local` of
+    the meeting's processes on its host."""
     from distenv.bringup import preflight
 
-    cap = preflight.pace(size)
+    cap = preflight.pace(size, local)
     grace = 1.5 * cap + 5.0
     return int(2 + math.log(cap / preflight.FIRST_PAUSE, 1.5) + 2 * (timeout + grace) / cap)
 
@@ -341,7 +342,7 @@ def _figures(name: str, kind: str, size: int, r: dict, timeout: float, missing: 
     lines, goals = [], []
     host, peers = r["host"] or {}, r["peers"]
     requests = [p.get("requests", 0) for p in peers] or [0]
-    bound = STORE_REQUESTS if kind in ("store", "kv") else star_bound(size, timeout)
+    bound = STORE_REQUESTS if kind in ("store", "kv") else star_bound(size, timeout, _local(kind, size))
     soft = host.get("soft", "?")
     if r["errors"]:
         lines.append(f"  {name}: {'; '.join(r['errors'])}")
@@ -369,7 +370,7 @@ def _figures(name: str, kind: str, size: int, r: dict, timeout: float, missing: 
     last = max([p["seconds"] for p in peers] or [0.0])
     # the star: a peer's longest wait between two requests, and process 0's DRAIN (it first
     # reads the hellos already at its door); the store: its own wait
-    slack = 2.0 + (1.5 * _pace(size) + _drain() if kind in ("star", "tf") else 0.0)
+    slack = 2.0 + (1.5 * _pace(size, _local(kind, size)) + _drain() if kind in ("star", "tf") else 0.0)
     lines.append(f"  {name}: {size - 2} peers, process {gone} missing, timeout {timeout:.0f} s: "
                  f"process 0 named it after {host_took:.2f} s, {len(peers_named)} of {len(peers)} "
                  f"peers named it, the last after {last:.2f} s; requests per peer: max "
@@ -387,10 +388,16 @@ def _figures(name: str, kind: str, size: int, r: dict, timeout: float, missing: 
     return lines, goals
 
 
-def _pace(size: int) -> float:
+def _pace(size: int, local: int = 1) -> float:
     from distenv.bringup import preflight
 
-    return preflight.pace(size)
+    return preflight.pace(size, local)
+
+
+def _local(kind: str, size: int) -> int:
+    """The meeting's processes on one host, as the meeting counts them: TensorFlow's workers
+    all at 127.0.0.1 (its cluster says so); the star's Meeting is built here without it (1)."""
+    return size if kind == "tf" else 1
 
 
 def _drain() -> float:

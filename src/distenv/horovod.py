@@ -158,7 +158,7 @@ def meeting(d: DistEnv, host: str, timeout: float, port: "int | None" = None) ->
         port=preflight.port(d, host) if port is None else port,
         job=preflight.identity(d, "horovod"), timeout=timeout, who="distenv.horovod",
         noun="rank", entry="hvd.init()", address_from=d.provenance.get("master_addr", ""),
-        address_fix="set MASTER_ADDR to rank 0's host on every rank")
+        address_fix="set MASTER_ADDR to rank 0's host on every rank", local=d.local_world_size or 1)
 
 
 #: Why Horovod's TensorFlow and Keras modules are refused (issue 24): never built or run here.

@@ -272,13 +272,14 @@ def plan(env: "DistEnv | Mapping[str, str] | None" = None, *,
 
 # -- pre-flight: every process meets process 0 before JAX's long, silent wait -------------------
 def preflight(address: str, num_processes: int, process_id: int, timeout: float,
-              what: str = "", job: str = "") -> float:
+              what: str = "", job: str = "", local: int = 1) -> float:
     """Every process meets process 0 at `address` (``host:port``: process 0's host and the
     pre-flight's port, `distenv.bringup.preflight.port`), before JAX's coordinator starts: the core's
     one pre-flight (`distenv.bringup.preflight.meet`). A process that never comes within `timeout` is
     named in a `DistEnvError` on every process that came; a process that cannot reach process 0
     names the address. Returns the seconds it took. `what` says where the address came from;
-    `job` is the job's identity (`distenv.bringup.preflight.identity`)."""
+    `job` is the job's identity (`distenv.bringup.preflight.identity`); `local` the processes on
+    this host (their pace)."""
     from .bringup import preflight as core
 
     host, _, port = address.rpartition(":")
@@ -286,7 +287,8 @@ def preflight(address: str, num_processes: int, process_id: int, timeout: float,
         size=num_processes, index=process_id, host=host.strip("[]"), port=int(port),
         job=job or f"jax|{address}", timeout=timeout, who="distenv.jax", noun="process",
         entry="jax.distributed.initialize", address_from=what,
-        address_fix="set MASTER_ADDR, or JAX_COORDINATOR_ADDRESS=<host>:<port>, on every process"))
+        address_fix="set MASTER_ADDR, or JAX_COORDINATOR_ADDRESS=<host>:<port>, on every process",
+        local=local))
 
 
 # -- the call ---------------------------------------------------------------------------------
@@ -340,7 +342,7 @@ def _call(original: "Any", p: Plan, extra: "dict[str, Any]", preflight_on: bool 
         host = address.rpartition(":")[0].strip("[]")
         met = knobs.address(host, core.port(p.env, host))
         took = preflight(met, n, index, seconds, p.why.get("coordinator_address", ""),
-                         core.identity(p.env, "jax", address, n))
+                         core.identity(p.env, "jax", address, n), p.env.local_world_size or 1)
         _log().debug("%d processes met at %s in %.1f s", n, met, took)
     return original(**kwargs)
 

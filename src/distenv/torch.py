@@ -325,7 +325,7 @@ def meeting(env: DistEnv, wait: datetime.timedelta, generation: int = 0) -> "pre
                      f"{env.provenance.get('master_port', '')}",
         address_fix="set MASTER_ADDR to rank 0's host on every rank",
         place="torchrun's store" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        else "rank 0's store")
+        else "rank 0's store", local=env.local_world_size or 1)
 
 
 def _rendezvous(env: DistEnv, wait: datetime.timedelta) -> Any:

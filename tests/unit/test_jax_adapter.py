@@ -369,7 +369,8 @@ def test_patch_fills_what_the_caller_leaves_out(fake_jax, monkeypatch):
     met = f"{host}:{preflight.port(want.env, host)}"
     assert met != want.coordinator_address
     assert fake_jax.met == [(met, 4, 2, 15.0, want.why["coordinator_address"],
-                             preflight.identity(want.env, "jax", want.coordinator_address, 4))]
+                             preflight.identity(want.env, "jax", want.coordinator_address, 4),
+                             want.env.local_world_size)]  # the processes on this host: their pace
     assert fake_jax.updates == {"jax_cpu_collectives_implementation": "gloo"}
     # Keras passes its (explicit) arguments; they win, the rest is filled
     fake_jax.module.distributed.initialize(coordinator_address="h:5", num_processes=4, process_id=2,

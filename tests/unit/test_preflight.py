@@ -143,6 +143,24 @@ def test_a_late_process_0_is_met_and_the_others_back_off(counted):
     assert counted and max(counted.values()) <= bound, (counted, bound)
 
 
+def test_many_processes_on_one_host_ask_less_often(monkeypatch):
+    """The pace keeps process 0 at RATE requests a second and one host's processes at LOCAL_RATE
+    (each request costs its process CPU): 768 workers on one host pause up to 768/500 s, the
+    same 768 spread 8 to a host 768/2000 s; TensorFlow counts its workers on this host from
+    its cluster, torch from the launch's local size."""
+    assert preflight.pace(768) == preflight.pace(768, 8) == 768 / preflight.RATE
+    assert preflight.pace(768, 768) == 768 / preflight.LOCAL_RATE
+    assert preflight.pace(8, 1) == preflight.MIN_PACE and preflight.pace(10 ** 6, 1) == preflight.MAX_PACE
+    import distenv.tensorflow as dtf
+
+    seen = []
+    monkeypatch.setattr(preflight, "meet", lambda m: seen.append(m) or 0.0)
+    workers = ["a:0", "b:0", "a:0", "c:0", "a:0"]  # port 0: always bindable (each checks its own)
+    dtf.rendezvous(workers, 2, 5, {}, port=1)
+    dtf.rendezvous(workers, 3, 5, {}, port=1)
+    assert [m.local for m in seen] == [3, 1]
+
+
 def test_the_programs_random_state_is_left_alone():
     """Keras 3 seeds Python's `random` (keras.utils.set_random_seed) and draws its initial
     weights from it: a pre-flight that jittered its pauses with `random` left each process in

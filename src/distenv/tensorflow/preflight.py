@@ -36,6 +36,7 @@ def rendezvous(workers: "Sequence[str]", index: int, timeout: "float | None" = N
     host = workers[0].rpartition(":")[0].strip("[]")
     d = env if env is not None else resolved(None, src)[0]
     cluster = ",".join(workers)
+    mine = workers[index].rpartition(":")[0]
     return preflight.meet(preflight.Meeting(
         size=len(workers), index=index, host=host,
         port=preflight.port(d, host, src) if port is None else port,
@@ -43,7 +44,8 @@ def rendezvous(workers: "Sequence[str]", index: int, timeout: "float | None" = N
         job=f"tensorflow|{d.launcher}|{d.job_id}|{cluster}", timeout=seconds,
         who="distenv.tensorflow", noun="worker", entry="the strategy",
         address_from=f"worker 0 of the cluster: {workers[0]}",
-        address_fix="give every worker the same cluster (TF_CONFIG, DISTENV_HOSTFILE)"))
+        address_fix="give every worker the same cluster (TF_CONFIG, DISTENV_HOSTFILE)",
+        local=sum(w.rpartition(":")[0] == mine for w in workers)))
 
 
 def _own_port_free(workers: "Sequence[str]", index: int, src: "Mapping[str, str]") -> None:
