@@ -64,6 +64,7 @@ TYPED = (
     "discovery/pmix.py",
     "discovery/pmix_relay.py",
     "core/ports.py",
+    "bringup/master.py",
     "bringup/preflight.py",
     "core/reading.py",
     "core/redact.py",

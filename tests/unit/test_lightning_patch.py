@@ -20,7 +20,8 @@ ALL = ("lightning", "pytorch_lightning")
 # pytorch-lightning env installs no `lightning`, and tests of it are not selected there.
 SELECTED = os.environ.get("DISTENV_LIGHTNING_PACKAGES", ",".join(ALL))
 PACKAGES = [p for p in SELECTED.replace(" ", "").split(",") if p in ALL] or list(ALL)
-KEEP = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+KEEP = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS",
+        "DISTENV_MASTER_CHECK")
 
 
 def package(name):

@@ -26,7 +26,9 @@ A refusal is the one inference: a firewall that rejects (rather than drops) rank
 connection to its own forwarded address while forwarding everyone else's would make it wrong;
 hairpin paths that do not work drop packets (a timeout: passes).
 
-Called at bring-up only, once per process, never by `resolve()`. Standard library only.
+Called at bring-up only, once per process, never by `resolve()`; ``DISTENV_MASTER_CHECK=0``
+turns it off (the unit tests do: they replay other hosts' environments here). Standard
+library only.
 """
 
 from __future__ import annotations
@@ -52,11 +54,14 @@ def is_rank_0s(env: "DistEnv") -> None:
     """On rank 0 (`env.is_main`) of a distributed launch, once per address and port: raises
     `DistEnvError` naming the address and this host when the master address provably does not
     lead here (the module doc); returns otherwise."""
+    import os
     import socket
+
+    from ..knobs import MASTER_CHECK
 
     addr, port = env.master_addr, env.master_port
     if not env.is_distributed or not env.is_main or not addr or port is None \
-            or (addr, port) in _checked:
+            or (addr, port) in _checked or not MASTER_CHECK.value(os.environ):
         return
     _checked.add((addr, port))
     here = socket.gethostname()
@@ -78,7 +83,8 @@ def is_rank_0s(env: "DistEnv") -> None:
             f"of {here}, where rank 0 runs, and {addr}:{port} dialed from there {said}: every "
             f"other rank would wait at {addr} for a store rank 0 starts on {here}. Fix: unset "
             f"MASTER_ADDR (distenv takes rank 0's host), or set it to {here} (or an address "
-            f"that leads there) on every rank.")
+            f"that leads there) on every rank; where the other hosts do reach rank 0 at {addr} "
+            f"(a firewall rejecting only rank 0's own connection), set {MASTER_CHECK}=0.")
 
 
 def _own(address: str) -> bool:
