@@ -543,3 +543,31 @@ def test_complete_asks_for_every_host_only_when_node_facts_are_needed(monkeypatc
     assert "the host of rank 0" in torch_like.provenance["master_addr"]
     lightning_like = complete(env, need=("master_addr", "node_rank", "num_nodes"))
     assert (lightning_like.node_rank, lightning_like.num_nodes) == (1, 2) and asked == [False, True]
+
+
+def test_a_librarys_release_is_read_from_its_banner_wherever_it_lies(tmp_path):
+    """`release_of` reads the file from the end in blocks: the banner found at the start, at
+    the end, straddling a block boundary (each offset around it), not found when absent or of
+    another release; the installed libraries' own banners (Debian's 4.2, Open MPI 5's)."""
+    banner = b"OpenPMIx 5.0.3 (PMIx Standard: 5.0)"
+    size = 3 * pmix._BLOCK + 1000
+    boundary = size - pmix._BLOCK  # where the reader's first block starts
+    for at in (0, size - len(banner), *range(boundary - len(banner), boundary + 2), pmix._BLOCK):
+        data = bytearray(size)
+        data[at:at + len(banner)] = banner
+        path = tmp_path / "libpmix.so.2"
+        path.write_bytes(bytes(data))
+        assert pmix.release_of(str(path), "5.0.3"), at
+        assert not pmix.release_of(str(path), "5.0.30") and not pmix.release_of(str(path), "4.2.2"), at
+    path.write_bytes(bytes(size))
+    assert not pmix.release_of(str(path), "5.0.3")
+    assert not pmix.release_of(str(tmp_path / "none.so"), "5.0.3")
+    installed = [p for p in ("/usr/lib/x86_64-linux-gnu/libpmix.so.2",
+                             os.path.join(os.environ.get("DISTENV_LAUNCHERS_DIR", "/opt/distenv-launchers"),
+                                          "openmpi5", "lib", "openmpi", "libpmix.so.2")) if os.path.isfile(p)]
+    for lib in installed:
+        with open(lib, "rb") as f:
+            whole = f.read()
+        at = whole.find(b"OpenPMIx ")
+        version = whole[at + 9:whole.index(b" (", at)].decode()
+        assert pmix.release_of(lib, version) and not pmix.release_of(lib, version + "9"), lib
