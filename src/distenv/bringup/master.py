@@ -125,30 +125,13 @@ def _dial(addresses: "list[str]", port: int) -> "list[str]":
 
 
 def _listen(port: int) -> "list[socket.socket]":
-    """Listeners on `port` at every IPv4 and IPv6 address (as torch's store listens); [] when
+    """Listeners on `port` at every address (as torch's store listens), not blocking; [] when
     the port is held here (torchrun's agent, another program)."""
-    import socket
+    from ..core.ports import bound
 
-    listeners = []
-    for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no IPv6 here
-            continue
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            s.bind((anywhere, port))
-            s.listen(8)
-            s.setblocking(False)
-            listeners.append(s)
-        except OSError:
-            s.close()
-            if family == socket.AF_INET:
-                for held in listeners:
-                    held.close()
-                return []
+    listeners = bound(port, backlog=8)
+    for s in listeners:
+        s.setblocking(False)
     return listeners
 
 

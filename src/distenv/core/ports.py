@@ -22,6 +22,10 @@ when the derived port is taken there (`distenv.bringup`) instead of meeting anot
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    import socket
+
 BASE = 20000
 SPAN = 10000
 TORCH_DEFAULT = 29500
@@ -62,20 +66,37 @@ def free(start: int, tries: int = 64) -> "int | None":
 def bindable(port: int) -> bool:
     """True when a listening socket could bind `port` on every address, IPv6 (when this
     host has it) and IPv4 alike."""
+    socks = bound(port)
+    for s in socks:
+        s.close()
+    return bool(socks)
+
+
+def bound(port: int, backlog: int = 0) -> "list[socket.socket]":
+    """Sockets bound to `port` at every IPv4 address and, where this host has IPv6, every IPv6
+    one, as torch's store binds them (SO_REUSEADDR), listening when `backlog` is given; []
+    when the port is taken at one of them (nothing left open)."""
+    import errno
     import socket  # lazy: only where rank 0 checks (resolve() opens no socket)
 
-    bound = False
-    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    socks = []
+    for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)
         except OSError:  # no IPv6 here
             continue
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((addr, port))
-            bound = True
-        except OSError:
-            return False
-        finally:
+            if family == socket.AF_INET6:  # (both open at once: IPv6 alone, not dual-stack)
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((anywhere, port))
+            if backlog:
+                s.listen(backlog)
+            socks.append(s)
+        except OSError as exc:
             s.close()
-    return bound
+            if family == socket.AF_INET or exc.errno == errno.EADDRINUSE:
+                for other in socks:
+                    other.close()
+                return []
+    return socks
