@@ -442,3 +442,23 @@ def test_only_rank_0_looks_and_only_once(monkeypatch):
         master.is_rank_0s(_rank_0("192.0.2.77", port))
     master.is_rank_0s(_rank_0("192.0.2.77", port))  # once per address and port
     assert dialed == [["192.0.2.77"]]
+
+
+def test_a_name_with_more_addresses_than_are_dialed_proves_nothing(monkeypatch):
+    """Any one of a service name's many addresses may be the one a client reaches: beyond
+    DIALED, no dial and no error (a name of a few, all refused: the error)."""
+    from distenv.bringup import master
+    from distenv.core import placement
+
+    monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
+    monkeypatch.setattr(master, "_own", lambda address: False)
+    monkeypatch.setattr(master, "_dial", lambda addresses, port: ["refused"] * len(addresses))
+    for count, fails in ((master.DIALED + 1, False), (master.DIALED, True), (2, True)):
+        many = frozenset(f"192.0.2.{i}" for i in range(1, count + 1))
+        monkeypatch.setattr(placement, "_addresses", lambda names: {names[0]: many})
+        monkeypatch.setattr(master, "_checked", set())
+        if fails:
+            with pytest.raises(DistEnvError, match="refused the connection"):
+                master.is_rank_0s(_rank_0("svc.example", _free_port()))
+        else:
+            master.is_rank_0s(_rank_0("svc.example", _free_port()))

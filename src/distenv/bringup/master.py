@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 #: Seconds rank 0 gives its own connection to the master address, from the dial to the token:
 #: a forwarding path answers within milliseconds; one that drops packets proves nothing.
 REACH_SECONDS = 2.0
-#: Addresses of the master name dialed at most (a name with many is a service's: the first few
-#: are what a client tries first).
-DIALED = 4
+#: Addresses of the master name dialed at most: a name with more (a service's) proves nothing,
+#: since any one of them may be the one a client reaches.
+DIALED = 16
 _checked: "set[tuple[str, int]]" = set()
 
 
@@ -72,9 +72,9 @@ def is_rank_0s(env: "DistEnv") -> None:
     from ..core.placement import _addresses  # bounded by its LOOKUP_SECONDS
 
     addresses = sorted(_addresses([addr]).get(addr, ()))
-    if not addresses or any(_own(a) for a in addresses):
-        return  # unresolved (no proof), loopback only, or one of this host's own
-    outcomes = _dial(addresses[:DIALED], port)
+    if not addresses or len(addresses) > DIALED or any(_own(a) for a in addresses):
+        return  # unresolved or too many (no proof), loopback only, or one of this host's own
+    outcomes = _dial(addresses, port)
     if outcomes and all(o in ("refused", "other") for o in outcomes):
         said = ("refused the connection" if all(o == "refused" for o in outcomes)
                 else "is answered by another program")
