@@ -427,6 +427,7 @@ def test_only_rank_0_looks_and_only_once(monkeypatch):
     monkeypatch.setattr(master, "_dial", lambda addresses, port: dialed.append(addresses) or ["refused"])
     monkeypatch.setattr(master, "_checked", set())
     monkeypatch.setattr(master, "_own", lambda address: False)
+    monkeypatch.setattr(master, "_on_link", lambda address: True)
     port = _free_port()
     master.is_rank_0s(distenv.resolve({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "192.0.2.77",
                                        "MASTER_PORT": str(port)}))
@@ -437,11 +438,59 @@ def test_only_rank_0_looks_and_only_once(monkeypatch):
     monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
     with pytest.raises(DistEnvError, match=r"^master_addr=192\.0\.2\.77 \(MASTER_ADDR\) is none of the "
                                            r"addresses of .*, where rank 0 runs, and 192\.0\.2\.77:\d+ "
-                                           r"dialed from there refused the connection: .* Fix: [^\n]*"
+                                           r"dialed from there refused the connection, by the host that owns it .* Fix: [^\n]*"
                                            r"set DISTENV_MASTER_CHECK=0\.$"):
         master.is_rank_0s(_rank_0("192.0.2.77", port))
     master.is_rank_0s(_rank_0("192.0.2.77", port))  # once per address and port
     assert dialed == [["192.0.2.77"]]
+    monkeypatch.setattr(master, "_checked", set())
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": "0", "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "MASTER_ADDR": "192.0.2.77", "MASTER_PORT": str(port)}
+    assert distenv.resolve(torchrun).launcher == "torchrun"
+    master.is_rank_0s(distenv.resolve(torchrun))  # its agent's store, on a host rank 0 need not share
+    assert dialed == [["192.0.2.77"]]
+
+
+def test_a_refusal_from_beyond_this_hosts_networks_or_another_program_is_a_warning(monkeypatch, caplog):
+    """A forwarder whose backend is not ready (a Kubernetes service without endpoints rejects,
+    a proxy accepts and closes) answers so too: beyond a route without a gateway, a refusal
+    proves nothing, nor does another program's answer; rank 0 warns, naming both, and goes on."""
+    import logging
+
+    from distenv.bringup import master
+
+    monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
+    monkeypatch.setattr(master, "_own", lambda address: False)
+    for outcome, on_link in (("refused", False), ("other", True), ("other", False)):
+        monkeypatch.setattr(master, "_dial", lambda addresses, port: [outcome])
+        monkeypatch.setattr(master, "_on_link", lambda address: on_link)
+        monkeypatch.setattr(master, "_checked", set())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="distenv"):
+            master.is_rank_0s(_rank_0("192.0.2.77", _free_port()))
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(said) == 1 and said[0].startswith("master_addr=192.0.2.77 (MASTER_ADDR) is none of "
+                                                     "the addresses of ") and "Fix:" in said[0], said
+
+
+#: /proc/net/route of a host with a default route via 192.0.2.1 on eth0, eth0's 192.0.2.0/24
+#: and a bridge's 10.213.77.0/24 (recorded here), and a /32 host route through a gateway.
+ROUTES = """Iface	Destination	Gateway 	Flags	RefCnt	Use	Metric	Mask		MTU	Window	IRTT
+eth0	00000000	010200C0	0003	0	0	0	00000000	0	0	0
+distenv-br0	004DD50A	00000000	0001	0	0	0	00FFFFFF	0	0	0
+eth0	000200C0	00000000	0001	0	0	0	00FFFFFF	0	0	0
+eth0	634DD50A	010200C0	0007	0	0	0	FFFFFFFF	0	0	0
+"""
+
+
+@pytest.mark.parametrize("address, on_link", [
+    ("10.213.77.12", True), ("192.0.2.9", True), ("10.213.77.99", False),  # the /32 via a gateway
+    ("8.8.8.8", False), ("10.213.78.1", False), ("fd00::5", False), ("not an address", False)])
+def test_on_link_is_a_route_without_a_gateway_longest_prefix_first(address, on_link):
+    from distenv.bringup import master
+
+    assert master._on_link(address, ROUTES) is on_link
 
 
 def test_a_name_with_more_addresses_than_are_dialed_proves_nothing(monkeypatch):
@@ -453,6 +502,7 @@ def test_a_name_with_more_addresses_than_are_dialed_proves_nothing(monkeypatch):
     monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
     monkeypatch.setattr(master, "_own", lambda address: False)
     monkeypatch.setattr(master, "_dial", lambda addresses, port: ["refused"] * len(addresses))
+    monkeypatch.setattr(master, "_on_link", lambda address: True)
     for count, fails in ((master.DIALED + 1, False), (master.DIALED, True), (2, True)):
         many = frozenset(f"192.0.2.{i}" for i in range(1, count + 1))
         monkeypatch.setattr(placement, "_addresses", lambda names: {names[0]: many})

@@ -15,16 +15,19 @@ network, as the other ranks will:
 2. else rank 0 listens on the master port (every address, as torch's store does) for a moment
    and dials the address at that port itself, sending a token:
    - the token arrives at its listener -> the address leads here (through whatever forwards);
-   - the connection is refused -> the host behind the address has nothing on that port, and a
-     path that forwarded here would have reached the listener: wrong;
-   - another program answers (connected, the token never arrives) -> wrong;
+   - the connection is refused by an address on one of this host's own networks (a route
+     without a gateway: the host that owns the address answered, nothing forwards between)
+     -> that host has nothing on the port and is not this one: **an error**, naming both;
+   - refused further away, or another program answers (connected, the token never arrives):
+     a forwarder whose backend is not healthy yet (a Kubernetes service without ready
+     endpoints rejects, a proxy accepts and closes) answers so too, so this proves nothing:
+     **a warning** naming both (if the other ranks cannot reach rank 0 there, the pre-flight
+     ends the job within DISTENV_TIMEOUT);
    - no answer within `REACH_SECONDS`, an unreachable network, a name that does not resolve,
-     the port already held here (torchrun's agent holds its store's): no proof, it passes (the
-     pre-flight still names an unreachable master within DISTENV_TIMEOUT on the other ranks).
+     the port already held here: no proof, it passes.
 
-A refusal is the one inference: a firewall that rejects (rather than drops) rank 0's own
-connection to its own forwarded address while forwarding everyone else's would make it wrong;
-hairpin paths that do not work drop packets (a timeout: passes).
+Not where the launcher's agent may host the store (`Launch.agent_store`: torchrun, whose c10d
+rendezvous puts it on a host rank 0 need not share).
 
 Called at bring-up only, once per process, never by `resolve()`; ``DISTENV_MASTER_CHECK=0``
 turns it off (the unit tests do: they replay other hosts' environments here). Standard
@@ -63,6 +66,10 @@ def is_rank_0s(env: "DistEnv") -> None:
     if not env.is_distributed or not env.is_main or not addr or port is None \
             or (addr, port) in _checked or not MASTER_CHECK.value(os.environ):
         return
+    from ..sources import source_of
+
+    if source_of(env.launcher).launch.agent_store:
+        return
     _checked.add((addr, port))
     here = socket.gethostname()
     placed = env.rank_hosts[0] if env.rank_hosts else None
@@ -75,16 +82,25 @@ def is_rank_0s(env: "DistEnv") -> None:
     if not addresses or len(addresses) > DIALED or any(_own(a) for a in addresses):
         return  # unresolved or too many (no proof), loopback only, or one of this host's own
     outcomes = _dial(addresses, port)
-    if outcomes and all(o in ("refused", "other") for o in outcomes):
-        said = ("refused the connection" if all(o == "refused" for o in outcomes)
-                else "is answered by another program")
+    if not outcomes or not all(o in ("refused", "other") for o in outcomes):
+        return
+    said = ("refused the connection" if all(o == "refused" for o in outcomes)
+            else "is answered by another program")
+    text = (f"master_addr={addr} ({env.provenance.get('master_addr')}) is none of the addresses of "
+            f"{here}, where rank 0 runs, and {addr}:{port} dialed from there {said}")
+    if all(o == "refused" and _on_link(a) for o, a in zip(outcomes, addresses)):
         raise DistEnvError(
-            f"master_addr={addr} ({env.provenance.get('master_addr')}) is none of the addresses "
-            f"of {here}, where rank 0 runs, and {addr}:{port} dialed from there {said}: every "
-            f"other rank would wait at {addr} for a store rank 0 starts on {here}. Fix: unset "
-            f"MASTER_ADDR (distenv takes rank 0's host), or set it to {here} (or an address "
-            f"that leads there) on every rank; where the other hosts do reach rank 0 at {addr} "
-            f"(a firewall rejecting only rank 0's own connection), set {MASTER_CHECK}=0.")
+            f"{text}, by the host that owns it (on this host's own network): every other rank "
+            f"would wait at {addr} for a store rank 0 starts on {here}. Fix: unset MASTER_ADDR "
+            f"(distenv takes rank 0's host), or set it to {here} (or an address that leads "
+            f"there) on every rank; where the other hosts do reach rank 0 at {addr}, set "
+            f"{MASTER_CHECK}=0.")
+    from ..log import get_logger
+
+    get_logger(__name__).warning(
+        f"{text}: unless something forwards it to {here} for the other ranks (a service or "
+        f"load balancer not ready yet), they will not find rank 0's store there. Fix: unset "
+        f"MASTER_ADDR, or set it to {here}, on every rank.")
 
 
 def _own(address: str) -> bool:
@@ -105,6 +121,33 @@ def _own(address: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def _on_link(address: str, table: "str | None" = None) -> bool:
+    """Is IPv4 `address` on one of this host's own networks: a route without a gateway in
+    /proc/net/route (or `table`, its text), the longest prefix winning as the kernel picks?
+    IPv6 and unreadable tables: False (no proof)."""
+    import socket
+    import struct
+
+    try:
+        want = struct.unpack("<I", socket.inet_aton(address))[0]  # the table's byte order
+        if table is None:
+            with open("/proc/net/route") as f:
+                table = f.read()
+    except (OSError, ValueError):
+        return False
+    rows = [line.split() for line in table.splitlines()[1:]]
+    best, direct = -1, False
+    for row in rows:
+        try:
+            dest, gateway, flags, mask = (int(row[i], 16) for i in (1, 2, 3, 7))
+        except (IndexError, ValueError):
+            continue
+        bits = bin(mask).count("1")
+        if flags & 1 and want & mask == dest and bits > best:  # RTF_UP, matching
+            best, direct = bits, not flags & 2 and gateway == 0  # no RTF_GATEWAY
+    return direct
 
 
 def _dial(addresses: "list[str]", port: int) -> "list[str]":
@@ -140,18 +183,23 @@ _LINGER = b"\x01\x00\x00\x00\x00\x00\x00\x00"
 
 
 def _one(address: str, port: int, listeners: "list[socket.socket]") -> str:
-    """One dial of `address`:`port` with a fresh token, watched on `listeners`."""
+    """One dial of `address`:`port` with a fresh token, watched on `listeners`: the connect
+    and then the token each get `REACH_SECONDS`; what arrives is read up to `_READ` bytes a
+    connection, the connections closed at the end."""
     import os
-    import select
+    import selectors
     import socket
     import time
 
     token = os.urandom(16)
-    deadline = time.monotonic() + REACH_SECONDS
-    c = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
     came: "dict[socket.socket, bytes]" = {}  # accepted here -> what it sent
     try:
+        c = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:  # no IPv6 here
+        return "unknown"
+    sel = selectors.DefaultSelector()
+    try:
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
         c.settimeout(REACH_SECONDS)
         try:
             c.connect((address, port))
@@ -160,32 +208,43 @@ def _one(address: str, port: int, listeners: "list[socket.socket]") -> str:
             return "refused"
         except OSError:  # timed out, unreachable: no proof
             return "unknown"
+        for s in listeners:
+            sel.register(s, selectors.EVENT_READ, s)
+        deadline = time.monotonic() + REACH_SECONDS
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "other"
-            ready, _, _ = select.select([*listeners, *came], [], [], left)
-            for s in ready:
+            for key, _ in sel.select(left):
+                s = key.data
                 if s in listeners:
                     try:
                         conn, _ = s.accept()
                     except OSError:
                         continue
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
                     came[conn] = b""
+                    try:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
+                        sel.register(conn, selectors.EVENT_READ, conn)
+                    except (OSError, ValueError):
+                        continue
                     continue
                 try:
                     data = s.recv(64)
                 except OSError:
                     data = b""
-                if not data:
-                    del came[s]
-                    s.close()
-                    continue
                 came[s] += data
                 if token in came[s]:
                     return "here"
+                if not data or len(came[s]) > _READ:
+                    sel.unregister(s)
+                    s.close()
     finally:
+        sel.close()
         c.close()
         for s in came:
             s.close()
+
+
+#: Bytes read from one connection before it is dropped: the token, after a proxy's header.
+_READ = 256

@@ -42,17 +42,20 @@ class Launch:
     count, the host of every rank) where no service of its can tell them either ("" for the
     generic fixes). `platform`: for a platform that serves several names (gcp, vertex), the name
     here, or None when its markers are present but this is not one of its jobs; default: the
-    Source's `name`."""
+    Source's `name`. `agent_store`: the launcher's own agent may host the store at the master
+    address, on a host rank 0 need not share (torchrun's c10d rendezvous), so rank 0 does not
+    look for itself there (`distenv.bringup.master`)."""
 
     __slots__ = ("aliases", "can_be_per_node", "per_node_platform", "node_order", "master_unknown",
-                 "unknown_fix", "platform")
+                 "unknown_fix", "platform", "agent_store")
 
     def __init__(self, *, aliases: "tuple[str, ...]" = (), can_be_per_node: bool = False,
                  per_node_platform: bool = False, node_order: str = "", master_unknown: str = "",
-                 unknown_fix: str = "", platform: "Callable[[Env], str | None] | None" = None) -> None:
+                 unknown_fix: str = "", platform: "Callable[[Env], str | None] | None" = None,
+                 agent_store: bool = False) -> None:
         self.aliases, self.can_be_per_node, self.per_node_platform = aliases, can_be_per_node, per_node_platform
         self.node_order, self.master_unknown, self.unknown_fix = node_order, master_unknown, unknown_fix
-        self.platform = platform
+        self.platform, self.agent_store = platform, agent_store
 
 
 class Services(tuple[str, ...]):

@@ -27,6 +27,7 @@ class TorchRun(Source):
     launch = Launch(
         aliases=("torchrun", "torch.distributed.launch", "torchelastic"),
         node_order="torchrun numbers nodes in rendezvous order, not in any host list",
+        agent_store=True,  # TORCHELASTIC_USE_AGENT_STORE: the store is the agent's
     )
     doctor = Doctor(package="torch")
     owns = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
