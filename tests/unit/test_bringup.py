@@ -512,3 +512,28 @@ def test_a_name_with_more_addresses_than_are_dialed_proves_nothing(monkeypatch):
                 master.is_rank_0s(_rank_0("svc.example", _free_port()))
         else:
             master.is_rank_0s(_rank_0("svc.example", _free_port()))
+
+
+def test_every_dial_together_is_bounded_by_one_deadline(monkeypatch):
+    """Sixteen addresses that each use all the time they are given: the dials end within
+    DIAL_SECONDS in all, the addresses past it undialed ("unknown": no proof, no error)."""
+    import time
+
+    from distenv.bringup import master
+
+    given = []
+
+    def slow(address, port, listeners, wait):
+        given.append(wait)
+        time.sleep(wait)
+        return "unknown"
+
+    monkeypatch.setattr(master, "DIAL_SECONDS", 0.3)
+    monkeypatch.setattr(master, "REACH_SECONDS", 0.1)
+    monkeypatch.setattr(master, "_one", slow)
+    t0 = time.monotonic()
+    out = master._dial([f"192.0.2.{i}" for i in range(16)], _free_port())
+    took = time.monotonic() - t0
+    assert took < 0.3 + 0.1, took
+    assert len(out) == 16 and set(out) == {"unknown"} and 3 <= len(given) <= 4, (out, given)
+    assert all(0 < w <= 0.1 for w in given), given

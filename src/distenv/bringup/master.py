@@ -44,9 +44,12 @@ if TYPE_CHECKING:
 
     from ..core.description import DistEnv
 
-#: Seconds rank 0 gives its own connection to the master address, from the dial to the token:
-#: a forwarding path answers within milliseconds; one that drops packets proves nothing.
+#: Seconds rank 0 gives its own connection to the master address, for the connect and again
+#: for the token: a forwarding path answers within milliseconds; one that drops packets proves
+#: nothing. `DIAL_SECONDS` bounds every dial together (an address whose turn comes after it
+#: is not dialed: no proof).
 REACH_SECONDS = 2.0
+DIAL_SECONDS = 2 * REACH_SECONDS
 #: Addresses of the master name dialed at most: a name with more (a service's) proves nothing,
 #: since any one of them may be the one a client reaches.
 DIALED = 16
@@ -154,11 +157,16 @@ def _dial(addresses: "list[str]", port: int) -> "list[str]":
     """Each address dialed at `port` from here while this host listens there: "here" (the token
     came back), "refused", "other" (someone else answered) or "unknown"; [] when the port
     cannot be listened on here (held: nothing to compare with)."""
+    import time
+
     listeners = _listen(port)
     out: "list[str]" = []
+    end = time.monotonic() + DIAL_SECONDS
     try:
         for address in addresses if listeners else ():
-            out.append(_one(address, port, listeners))
+            left = end - time.monotonic()
+            out.append(_one(address, port, listeners, min(REACH_SECONDS, left)) if left > 0
+                       else "unknown")
             if out[-1] == "here":
                 break
     finally:
@@ -182,10 +190,10 @@ def _listen(port: int) -> "list[socket.socket]":
 _LINGER = b"\x01\x00\x00\x00\x00\x00\x00\x00"
 
 
-def _one(address: str, port: int, listeners: "list[socket.socket]") -> str:
+def _one(address: str, port: int, listeners: "list[socket.socket]", wait: float) -> str:
     """One dial of `address`:`port` with a fresh token, watched on `listeners`: the connect
-    and then the token each get `REACH_SECONDS`; what arrives is read up to `_READ` bytes a
-    connection, the connections closed at the end."""
+    and then the token each get at most `wait` seconds; what arrives is read up to `_READ`
+    bytes a connection, the connections closed at the end."""
     import os
     import selectors
     import socket
@@ -200,7 +208,7 @@ def _one(address: str, port: int, listeners: "list[socket.socket]") -> str:
     sel = selectors.DefaultSelector()
     try:
         c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
-        c.settimeout(REACH_SECONDS)
+        c.settimeout(wait)
         try:
             c.connect((address, port))
             c.sendall(token)
@@ -210,7 +218,7 @@ def _one(address: str, port: int, listeners: "list[socket.socket]") -> str:
             return "unknown"
         for s in listeners:
             sel.register(s, selectors.EVENT_READ, s)
-        deadline = time.monotonic() + REACH_SECONDS
+        deadline = time.monotonic() + wait
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
