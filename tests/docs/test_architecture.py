@@ -40,10 +40,27 @@ def _block(text: str) -> str:
     return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n")
 
 
+def _rewritten(text: str) -> str:
+    """`text` with the generated block, and nothing else, replaced (by position: a block's old
+    text -- once the single letter "X" -- also occurs elsewhere in the prose)."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:start] + "\n" + sources_rows() + "\n" + text[end:]
+
+
 def test_the_launchers_rows_are_their_modules_own_words():
     with open(ARCH, encoding="utf-8") as fh:
         text = fh.read()
     assert _block(text) == sources_rows(), "run: python tests/docs/test_architecture.py"
+    # once, between the markers: an earlier rewrite by str.replace put five copies in the prose
+    assert text.count("| launcher or platform, in the registry's order |") == 1
+    assert _rewritten(text) == text
+
+
+def test_the_rewrite_touches_only_the_block():
+    text = f"JAX and X\n{BEGIN}\nX\n{END}\nX again\n"
+    out = _rewritten(text)
+    assert out.startswith("JAX and X\n") and out.endswith(f"{END}\nX again\n")
+    assert _block(out) == sources_rows()
 
 
 def test_the_module_map_names_every_module():
@@ -80,4 +97,4 @@ if __name__ == "__main__":  # rewrite the generated rows
     with open(ARCH, encoding="utf-8") as fh:
         text = fh.read()
     with open(ARCH, "w", encoding="utf-8") as fh:
-        fh.write(text.replace(_block(text), sources_rows()))
+        fh.write(_rewritten(text))
