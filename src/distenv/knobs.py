@@ -189,7 +189,8 @@ PMIX_RELAY = _knob("DISTENV_PMIX_RELAY", "keep the PMIx query's connection open 
                    "ends (PMIx 5's finalize race, docs/discovery.md)", **_SWITCH)
 APINFO = _knob("DISTENV_APINFO", "read Cray PALS's placement file (PALS_APINFO)", **_SWITCH)
 MASTER_CHECK = _knob("DISTENV_MASTER_CHECK", "rank 0 dials the master address once at bring-up "
-                    "to prove it leads to its own host (docs/guarantees.md, row 18)", **_SWITCH)
+                    "and warns where it does not lead to its own host (docs/guarantees.md, row 18)",
+                    **_SWITCH)
 # Set by the Kubernetes templates of integrations/kubernetes (downward API, k8s_job source)
 _T = dict(who=TEMPLATE)
 JOB_COMPLETIONS = _knob("DISTENV_JOB_COMPLETIONS", "an Indexed Job's completions: its pods "

@@ -418,16 +418,18 @@ def test_an_own_address_another_name_or_a_name_that_proves_nothing_passes(monkey
     assert not master._own("198.51.100.7")
 
 
-def test_only_rank_0_looks_and_only_once(monkeypatch):
+def test_only_rank_0_looks_and_only_once(monkeypatch, caplog):
     """Another rank, a one-process run, DISTENV_MASTER_CHECK=0, or a second bring-up of the same
-    address: no dial."""
+    address: no dial. Rank 0's look warns, in one line naming both, and never stops the job."""
+    import logging
+    import re
+
     from distenv.bringup import master
 
     dialed = []
     monkeypatch.setattr(master, "_dial", lambda addresses, port: dialed.append(addresses) or ["refused"])
     monkeypatch.setattr(master, "_checked", set())
     monkeypatch.setattr(master, "_own", lambda address: False)
-    monkeypatch.setattr(master, "_on_link", lambda address: True)
     port = _free_port()
     master.is_rank_0s(distenv.resolve({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "192.0.2.77",
                                        "MASTER_PORT": str(port)}))
@@ -436,12 +438,14 @@ def test_only_rank_0_looks_and_only_once(monkeypatch):
     master.is_rank_0s(_rank_0("192.0.2.77", port))  # the unit tests' default: off
     assert dialed == []
     monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
-    with pytest.raises(DistEnvError, match=r"^master_addr=192\.0\.2\.77 \(MASTER_ADDR\) is none of the "
-                                           r"addresses of .*, where rank 0 runs, and 192\.0\.2\.77:\d+ "
-                                           r"dialed from there refused the connection, by the host that owns it .* Fix: [^\n]*"
-                                           r"set DISTENV_MASTER_CHECK=0\.$"):
+    with caplog.at_level(logging.WARNING, logger="distenv"):
         master.is_rank_0s(_rank_0("192.0.2.77", port))
-    master.is_rank_0s(_rank_0("192.0.2.77", port))  # once per address and port
+        master.is_rank_0s(_rank_0("192.0.2.77", port))  # once per address and port
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and re.fullmatch(
+        r"master_addr=192\.0\.2\.77 \(MASTER_ADDR\) is none of the addresses of .*, where rank 0 "
+        r"runs, and 192\.0\.2\.77:\d+ dialed from there refused the connection: .* Fix: [^\n]*"
+        r"DISTENV_MASTER_CHECK=0 silences this\.", said[0]), said
     assert dialed == [["192.0.2.77"]]
     monkeypatch.setattr(master, "_checked", set())
     torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -452,88 +456,85 @@ def test_only_rank_0_looks_and_only_once(monkeypatch):
     assert dialed == [["192.0.2.77"]]
 
 
-def test_a_refusal_from_beyond_this_hosts_networks_or_another_program_is_a_warning(monkeypatch, caplog):
-    """A forwarder whose backend is not ready (a Kubernetes service without endpoints rejects,
-    a proxy accepts and closes) answers so too: beyond a route without a gateway, a refusal
-    proves nothing, nor does another program's answer; rank 0 warns, naming both, and goes on."""
+def test_a_refusal_or_another_program_is_a_warning_never_an_error(monkeypatch, caplog):
+    """A forwarder whose backend is not ready answers so too (a Kubernetes service without
+    endpoints or an LVS address refuses, on this host's network or beyond; a proxy accepts and
+    closes), and the backend is rank 0's store, not yet listening: rank 0 warns, naming both,
+    and goes on; an address that does not answer, or the token coming back, says nothing."""
     import logging
 
     from distenv.bringup import master
 
     monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
     monkeypatch.setattr(master, "_own", lambda address: False)
-    for outcome, on_link in (("refused", False), ("other", True), ("other", False)):
-        monkeypatch.setattr(master, "_dial", lambda addresses, port: [outcome])
-        monkeypatch.setattr(master, "_on_link", lambda address: on_link)
+    for outcomes, warned in ((["refused"], "refused the connection"),
+                             (["other"], "is answered by another program"),
+                             (["refused", "other"], "is answered by another program"),
+                             (["refused", "unknown"], None), (["here"], None), ([], None)):
+        monkeypatch.setattr(master, "_dial", lambda addresses, port: outcomes)
         monkeypatch.setattr(master, "_checked", set())
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="distenv"):
             master.is_rank_0s(_rank_0("192.0.2.77", _free_port()))
         said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-        assert len(said) == 1 and said[0].startswith("master_addr=192.0.2.77 (MASTER_ADDR) is none of "
-                                                     "the addresses of ") and "Fix:" in said[0], said
+        if warned is None:
+            assert said == [], (outcomes, said)
+        else:
+            assert len(said) == 1 and said[0].startswith("master_addr=192.0.2.77 (MASTER_ADDR) is none "
+                                                         "of the addresses of ") \
+                and warned in said[0] and "Fix:" in said[0], (outcomes, said)
 
 
-#: /proc/net/route of a host with a default route via 192.0.2.1 on eth0, eth0's 192.0.2.0/24
-#: and a bridge's 10.213.77.0/24 (recorded here), and a /32 host route through a gateway.
-ROUTES = """Iface	Destination	Gateway 	Flags	RefCnt	Use	Metric	Mask		MTU	Window	IRTT
-eth0	00000000	010200C0	0003	0	0	0	00000000	0	0	0
-distenv-br0	004DD50A	00000000	0001	0	0	0	00FFFFFF	0	0	0
-eth0	000200C0	00000000	0001	0	0	0	00FFFFFF	0	0	0
-eth0	634DD50A	010200C0	0007	0	0	0	FFFFFFFF	0	0	0
-"""
-
-
-@pytest.mark.parametrize("address, on_link", [
-    ("10.213.77.12", True), ("192.0.2.9", True), ("10.213.77.99", False),  # the /32 via a gateway
-    ("8.8.8.8", False), ("10.213.78.1", False), ("fd00::5", False), ("not an address", False)])
-def test_on_link_is_a_route_without_a_gateway_longest_prefix_first(address, on_link):
+def test_multicast_and_broadcast_addresses_are_not_this_hosts_own():
+    """Linux lets a TCP socket bind them, yet no client connects there (found in review)."""
     from distenv.bringup import master
 
-    assert master._on_link(address, ROUTES) is on_link
+    for address in ("224.0.0.1", "239.1.2.3", "255.255.255.255", "ff02::1"):
+        assert not master._own(address), address
 
 
 def test_a_name_with_more_addresses_than_are_dialed_proves_nothing(monkeypatch):
     """Any one of a service name's many addresses may be the one a client reaches: beyond
-    DIALED, no dial and no error (a name of a few, all refused: the error)."""
+    DIALED, no dial at all (a name of a few: each dialed)."""
     from distenv.bringup import master
     from distenv.core import placement
 
     monkeypatch.setenv("DISTENV_MASTER_CHECK", "1")
     monkeypatch.setattr(master, "_own", lambda address: False)
-    monkeypatch.setattr(master, "_dial", lambda addresses, port: ["refused"] * len(addresses))
-    monkeypatch.setattr(master, "_on_link", lambda address: True)
-    for count, fails in ((master.DIALED + 1, False), (master.DIALED, True), (2, True)):
+    for count in (master.DIALED + 1, master.DIALED, 2):
+        dialed = []
+        monkeypatch.setattr(master, "_dial", lambda addresses, port: dialed.append(addresses) or ["refused"])
         many = frozenset(f"192.0.2.{i}" for i in range(1, count + 1))
         monkeypatch.setattr(placement, "_addresses", lambda names: {names[0]: many})
         monkeypatch.setattr(master, "_checked", set())
-        if fails:
-            with pytest.raises(DistEnvError, match="refused the connection"):
-                master.is_rank_0s(_rank_0("svc.example", _free_port()))
-        else:
-            master.is_rank_0s(_rank_0("svc.example", _free_port()))
+        master.is_rank_0s(_rank_0("svc.example", _free_port()))
+        assert dialed == ([] if count > master.DIALED else [sorted(many)]), (count, dialed)
 
 
 def test_every_dial_together_is_bounded_by_one_deadline(monkeypatch):
-    """Sixteen addresses that each use all the time they are given: the dials end within
-    DIAL_SECONDS in all, the addresses past it undialed ("unknown": no proof, no error)."""
+    """Addresses where another program takes the connection and the token never comes back
+    (each dial would use its connect and its token's wait): every dial together, the token's
+    wait included, ends within DIAL_SECONDS; past it nothing more is dialed."""
+    import socket
     import time
 
     from distenv.bringup import master
 
-    given = []
-
-    def slow(address, port, listeners, wait):
-        given.append(wait)
-        time.sleep(wait)
-        return "unknown"
-
-    monkeypatch.setattr(master, "DIAL_SECONDS", 0.3)
-    monkeypatch.setattr(master, "REACH_SECONDS", 0.1)
-    monkeypatch.setattr(master, "_one", slow)
-    t0 = time.monotonic()
-    out = master._dial([f"192.0.2.{i}" for i in range(16)], _free_port())
-    took = time.monotonic() - t0
-    assert took < 0.3 + 0.1, took
-    assert len(out) == 16 and set(out) == {"unknown"} and 3 <= len(given) <= 4, (out, given)
-    assert all(0 < w <= 0.1 for w in given), given
+    other = socket.socket()  # "another program" at the dialed port
+    other.bind(("127.0.0.1", 0))
+    other.listen(32)
+    watched = socket.socket()  # rank 0's listener, at a port the dials never reach
+    watched.bind(("127.0.0.1", 0))
+    watched.listen(8)
+    watched.setblocking(False)
+    monkeypatch.setattr(master, "DIAL_SECONDS", 0.5)
+    monkeypatch.setattr(master, "REACH_SECONDS", 0.2)
+    monkeypatch.setattr(master, "_listen", lambda port: [watched])
+    try:
+        t0 = time.monotonic()
+        out = master._dial(["127.0.0.1"] * 8, other.getsockname()[1])
+        took = time.monotonic() - t0
+    finally:
+        other.close()
+    assert took < 0.5 + 0.1, (took, out)
+    assert out[:2] == ["other"] * 2 and set(out[2:]) <= {"other", "unknown"} and len(out) <= 4, out

@@ -17,9 +17,9 @@ framework's own calls.
    torchrun `distenv run` starts), when distenv derived the port, check it is free here
    (`port_is_free`): a port another job holds would make the ranks meet that job, or fail
    with torch's bare "address already in use"; and that the master address leads to this
-   host (`distenv.bringup.master`: an address none of its own refused by a host on rank 0's
-   own network is an error naming both; refused from further away, or answered by another
-   program, a warning: a forwarder with no backend yet does the same);
+   host (`distenv.bringup.master`: an address none of its own that refuses or answers
+   another program, a warning naming both; never an error: a forwarder whose backend is not
+   ready does the same);
 6. register the orderly end of a torch process group at exit (`distenv.bringup.teardown`).
 
 Standard library only; what a framework does next is its adapter's.

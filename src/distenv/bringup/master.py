@@ -3,26 +3,27 @@
 Every other rank dials the master address at the master port, and only rank 0 (node 0 of a
 per-node launch, whose torchrun binds the port) starts something there. Where the launch does
 not place rank 0 (`DistEnv.rank_hosts` unknown: the user's own variables, a platform's), only
-rank 0 can tell that the address leads elsewhere; a wrong one otherwise makes every rank wait
-on a host where nothing will listen (30 minutes, by torch's default).
+rank 0 can tell that the address may lead elsewhere, and say so within seconds, before the
+other ranks' wait there ends (the pre-flight's DISTENV_TIMEOUT; torch's own is 30 minutes).
 
 "None of this host's addresses" is no proof: a NAT, a load balancer, a Kubernetes service or a
 published container port forwards an address of another machine here. So rank 0 asks the
 network, as the other ranks will:
 
 1. the address is this host's name, a loopback, or resolves to an address this host can bind
-   (the kernel's own list: no interface parsing) -> rank 0's; done;
+   (the kernel's own list: no interface parsing; not a multicast or broadcast address) -> rank
+   0's; done;
 2. else rank 0 listens on the master port (every address, as torch's store does) for a moment
    and dials the address at that port itself, sending a token:
    - the token arrives at its listener -> the address leads here (through whatever forwards);
-   - the connection is refused by an address on one of this host's own networks (a route
-     without a gateway: the host that owns the address answered, nothing forwards between)
-     -> that host has nothing on the port and is not this one: **an error**, naming both;
-   - refused further away, or another program answers (connected, the token never arrives):
-     a forwarder whose backend is not healthy yet (a Kubernetes service without ready
-     endpoints rejects, a proxy accepts and closes) answers so too, so this proves nothing:
-     **a warning** naming both (if the other ranks cannot reach rank 0 there, the pre-flight
-     ends the job within DISTENV_TIMEOUT);
+   - the connection is refused, or another program answers (connected, the token never
+     arrives) -> **a warning** naming both. Not an error: a forwarder whose backend is not
+     ready yet answers so too, and rank 0's store, its backend, cannot be listening before
+     this look ends -- a Kubernetes service without ready endpoints, a NodePort on a
+     neighbour node and an LVS or keepalived address refuse, a proxy accepts and closes; on
+     this host's own network as well as beyond (a refusal by a neighbour that only forwards
+     once its health check passes was shown in review). If the other ranks cannot reach rank
+     0 there, the pre-flight ends the job within DISTENV_TIMEOUT, naming the master;
    - no answer within `REACH_SECONDS`, an unreachable network, a name that does not resolve,
      the port already held here: no proof, it passes.
 
@@ -36,8 +37,6 @@ library only.
 
 from __future__ import annotations
 
-from ..errors import DistEnvError
-
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
 if TYPE_CHECKING:
     import socket
@@ -46,8 +45,8 @@ if TYPE_CHECKING:
 
 #: Seconds rank 0 gives its own connection to the master address, for the connect and again
 #: for the token: a forwarding path answers within milliseconds; one that drops packets proves
-#: nothing. `DIAL_SECONDS` bounds every dial together (an address whose turn comes after it
-#: is not dialed: no proof).
+#: nothing. `DIAL_SECONDS` bounds every dial together, the token's wait included (an address
+#: whose turn comes after it is not dialed: no proof).
 REACH_SECONDS = 2.0
 DIAL_SECONDS = 2 * REACH_SECONDS
 #: Addresses of the master name dialed at most: a name with more (a service's) proves nothing,
@@ -57,9 +56,9 @@ _checked: "set[tuple[str, int]]" = set()
 
 
 def is_rank_0s(env: "DistEnv") -> None:
-    """On rank 0 (`env.is_main`) of a distributed launch, once per address and port: raises
-    `DistEnvError` naming the address and this host when the master address provably does not
-    lead here (the module doc); returns otherwise."""
+    """On rank 0 (`env.is_main`) of a distributed launch, once per address and port: a warning
+    naming the address and this host when the master address is none of this host's and,
+    dialed, leads elsewhere or nowhere yet (the module doc); never an error."""
     import os
     import socket
 
@@ -89,21 +88,14 @@ def is_rank_0s(env: "DistEnv") -> None:
         return
     said = ("refused the connection" if all(o == "refused" for o in outcomes)
             else "is answered by another program")
-    text = (f"master_addr={addr} ({env.provenance.get('master_addr')}) is none of the addresses of "
-            f"{here}, where rank 0 runs, and {addr}:{port} dialed from there {said}")
-    if all(o == "refused" and _on_link(a) for o, a in zip(outcomes, addresses)):
-        raise DistEnvError(
-            f"{text}, by the host that owns it (on this host's own network): every other rank "
-            f"would wait at {addr} for a store rank 0 starts on {here}. Fix: unset MASTER_ADDR "
-            f"(distenv takes rank 0's host), or set it to {here} (or an address that leads "
-            f"there) on every rank; where the other hosts do reach rank 0 at {addr}, set "
-            f"{MASTER_CHECK}=0.")
     from ..log import get_logger
 
     get_logger(__name__).warning(
-        f"{text}: unless something forwards it to {here} for the other ranks (a service or "
-        f"load balancer not ready yet), they will not find rank 0's store there. Fix: unset "
-        f"MASTER_ADDR, or set it to {here}, on every rank.")
+        f"master_addr={addr} ({env.provenance.get('master_addr')}) is none of the addresses of "
+        f"{here}, where rank 0 runs, and {addr}:{port} dialed from there {said}: unless it "
+        f"forwards to {here} once rank 0's store listens (a service, a load balancer), the "
+        f"other ranks will not find the store there. Fix: unset MASTER_ADDR (distenv takes rank "
+        f"0's host), or set it to {here} on every rank; {MASTER_CHECK}=0 silences this.")
 
 
 def _own(address: str) -> bool:
@@ -112,6 +104,10 @@ def _own(address: str) -> bool:
     import socket
 
     v6 = ":" in address
+    first = address.split(".", 1)[0]
+    if (v6 and address.lower().startswith("ff")) or address == "255.255.255.255" \
+            or (first.isdigit() and 224 <= int(first) <= 239):
+        return False  # multicast or broadcast: bindable, yet no TCP client reaches it
     try:
         with open(f"/proc/sys/net/ipv{6 if v6 else 4}/ip_nonlocal_bind") as f:
             if f.read().strip() != "0":
@@ -126,37 +122,11 @@ def _own(address: str) -> bool:
         return False
 
 
-def _on_link(address: str, table: "str | None" = None) -> bool:
-    """Is IPv4 `address` on one of this host's own networks: a route without a gateway in
-    /proc/net/route (or `table`, its text), the longest prefix winning as the kernel picks?
-    IPv6 and unreadable tables: False (no proof)."""
-    import socket
-    import struct
-
-    try:
-        want = struct.unpack("<I", socket.inet_aton(address))[0]  # the table's byte order
-        if table is None:
-            with open("/proc/net/route") as f:
-                table = f.read()
-    except (OSError, ValueError):
-        return False
-    rows = [line.split() for line in table.splitlines()[1:]]
-    best, direct = -1, False
-    for row in rows:
-        try:
-            dest, gateway, flags, mask = (int(row[i], 16) for i in (1, 2, 3, 7))
-        except (IndexError, ValueError):
-            continue
-        bits = bin(mask).count("1")
-        if flags & 1 and want & mask == dest and bits > best:  # RTF_UP, matching
-            best, direct = bits, not flags & 2 and gateway == 0  # no RTF_GATEWAY
-    return direct
-
-
 def _dial(addresses: "list[str]", port: int) -> "list[str]":
-    """Each address dialed at `port` from here while this host listens there: "here" (the token
-    came back), "refused", "other" (someone else answered) or "unknown"; [] when the port
-    cannot be listened on here (held: nothing to compare with)."""
+    """Each address dialed at `port` from here while this host listens there, until one answers
+    "here" (the token came back) or "unknown" (no answer in time): "refused", "other" (someone
+    else answered); [] when the port cannot be listened on here (held: nothing to compare
+    with). Every dial ends by one deadline, `DIAL_SECONDS` from now."""
     import time
 
     listeners = _listen(port)
@@ -164,10 +134,9 @@ def _dial(addresses: "list[str]", port: int) -> "list[str]":
     end = time.monotonic() + DIAL_SECONDS
     try:
         for address in addresses if listeners else ():
-            left = end - time.monotonic()
-            out.append(_one(address, port, listeners, min(REACH_SECONDS, left)) if left > 0
+            out.append(_one(address, port, listeners, end) if end > time.monotonic()
                        else "unknown")
-            if out[-1] == "here":
+            if out[-1] in ("here", "unknown"):  # either decides: no further dial changes it
                 break
     finally:
         for s in listeners:
@@ -190,10 +159,11 @@ def _listen(port: int) -> "list[socket.socket]":
 _LINGER = b"\x01\x00\x00\x00\x00\x00\x00\x00"
 
 
-def _one(address: str, port: int, listeners: "list[socket.socket]", wait: float) -> str:
+def _one(address: str, port: int, listeners: "list[socket.socket]", end: float) -> str:
     """One dial of `address`:`port` with a fresh token, watched on `listeners`: the connect
-    and then the token each get at most `wait` seconds; what arrives is read up to `_READ`
-    bytes a connection, the connections closed at the end."""
+    and then the token each get at most `REACH_SECONDS`, both together ending by `end` (a
+    monotonic time); what arrives is read up to `_READ` bytes a connection, the connections
+    closed at the end."""
     import os
     import selectors
     import socket
@@ -202,13 +172,17 @@ def _one(address: str, port: int, listeners: "list[socket.socket]", wait: float)
     token = os.urandom(16)
     came: "dict[socket.socket, bytes]" = {}  # accepted here -> what it sent
     try:
-        c = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-    except OSError:  # no IPv6 here
+        sel = selectors.DefaultSelector()
+    except OSError:  # out of descriptors: no proof
         return "unknown"
-    sel = selectors.DefaultSelector()
+    try:
+        c = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:  # no IPv6 here, out of descriptors
+        sel.close()
+        return "unknown"
     try:
         c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER)
-        c.settimeout(wait)
+        c.settimeout(max(0.001, min(REACH_SECONDS, end - time.monotonic())))
         try:
             c.connect((address, port))
             c.sendall(token)
@@ -218,7 +192,7 @@ def _one(address: str, port: int, listeners: "list[socket.socket]", wait: float)
             return "unknown"
         for s in listeners:
             sel.register(s, selectors.EVENT_READ, s)
-        deadline = time.monotonic() + wait
+        deadline = min(time.monotonic() + REACH_SECONDS, end)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
