@@ -419,6 +419,54 @@ def test_store_keys_carry_the_job():
     assert "rank(s) 1 of 2 never came" in str(theirs[0])
 
 
+def _store_ranks(store, n, ranks, timeout):
+    """`meet_on` for each (thread name, index) of `ranks`, each thread its own process (`_me`
+    gives the thread's name: threads share a pid); {name: seconds or exception}."""
+    out = {}
+
+    def one(name, i):
+        try:
+            out[name] = preflight.meet_on(store, meeting(n, i, 1, timeout, noun="rank"))
+        except Exception as exc:  # noqa: BLE001
+            out[name] = exc
+
+    threads = [threading.Thread(target=one, args=r, name=r[0]) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(2 * timeout + preflight.LINGER + 30)
+    return out
+
+
+def test_two_processes_saying_they_are_one_rank_over_a_store_are_named_never_counted(monkeypatch):
+    """Found in review: the store's count counted calls, so a second process saying it is rank
+    1, with rank 2 absent, made the count whole and every rank went on to torch's wait. Now each
+    rank's key is claimed: the second claimant publishes ``twice``, and every rank names both."""
+    monkeypatch.setattr(preflight, "_me", lambda: threading.current_thread().name)
+    out = _store_ranks(Store(), 3, [("r0", 0), ("r1", 1), ("r1-again", 1)], 2.0)
+    for name, got in out.items():
+        assert isinstance(got, DistEnvError) and "two processes say they are rank 1 of 3" in str(got) \
+            and "r1 pid" in str(got) and "r1-again pid" in str(got), (name, got)
+
+
+class _LateCount(Store):
+    """A store where one rank's count arrives after rank 0's deadline, its key before it."""
+
+    def add(self, key, amount):
+        if amount and threading.current_thread().name == "late":
+            time.sleep(1.5)
+        return super().add(key, amount)
+
+
+def test_a_rank_whose_key_came_in_time_is_never_named_missing_over_a_store(monkeypatch):
+    """Found in review: rank 0 read the count (2 of 3), then found every key (the third set
+    its key in between), and published a ``missing`` verdict naming no one, which every rank
+    reported as an unreachable rank 0. Every key there is everyone there: ``go``."""
+    monkeypatch.setattr(preflight, "_me", lambda: threading.current_thread().name)
+    out = _store_ranks(_LateCount(), 3, [("r0", 0), ("r1", 1), ("late", 2)], 1.0)
+    assert all(isinstance(v, float) for v in out.values()), out
+
+
 def test_the_store_meeting_on_torchs_tcpstore():
     torch_dist = pytest.importorskip("torch.distributed")
     server = torch_dist.TCPStore("127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=30),

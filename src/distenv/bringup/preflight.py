@@ -587,8 +587,14 @@ def meet_on(store: "Any", m: Meeting, t0: "float | None" = None) -> float:
             return False  # gone fails the next request, which says so
 
     try:
-        store.set(f"{prefix}rank/{m.index}", f"{_me()} {os.getpid()}")
-        if int(store.add(prefix + "count", 1)) >= m.size:
+        # claimed, not set: a second process saying it is this index (a wrong launch) must not
+        # count as the one that is missing (the key's prefix is per job, restart and call)
+        mine = f"{_me()}/pid/{os.getpid()}"
+        first = store.compare_set(f"{prefix}rank/{m.index}", "", mine)
+        first = first.decode("ascii", "replace") if isinstance(first, bytes) else str(first)
+        if first != mine:
+            store.compare_set(verdict, "", f"twice {m.index} {first} {mine}")
+        elif int(store.add(prefix + "count", 1)) >= m.size:
             store.compare_set(verdict, "", "go")
         if m.index == 0:
             line = _keep(store, m, prefix, t0, deadline)
@@ -647,7 +653,9 @@ def _keep(store: "Any", m: Meeting, prefix: str, t0: float, deadline: float) -> 
         if time.monotonic() < deadline:
             _log_progress(m, t0, m.size - came, missing)
             continue
-        published = store.compare_set(verdict, "", _missing_line(m.size - came, missing).strip())
+        # every key there: the last ones set theirs after the count was read, and are counting
+        line = _missing_line(m.size - came, missing).strip() if missing else "go"
+        published = store.compare_set(verdict, "", line)
         return str(published.decode("ascii", "replace"))
 
 
