@@ -246,7 +246,8 @@ def test_another_jobs_process_on_the_port_is_named_in_the_error():
 
 def test_two_processes_with_one_index_are_refused():
     """Two processes that both say they are process 1 (a launch that started more than it
-    numbered): every one that asks is told, and process 0 says which two."""
+    numbered): every one that asks is told -- process 0 stays until both claimants have the
+    verdict (found in review: it left once the second had it) --, and says which two."""
     port = free_port()
     box = {}
     zero = threading.Thread(target=lambda: box.setdefault(0, meet_all(3, [0], 5, port=port)[0][0]))
@@ -258,6 +259,11 @@ def test_two_processes_with_one_index_are_refused():
         assert c.recv(64).startswith(b"wait 2 3 ")
     with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
         c.sendall(hello("node-b", 22))
+        assert c.recv(200) == b"twice 1 node-a/pid/11 node-b/pid/22\n"
+    zero.join(1.0)
+    assert zero.is_alive(), "process 0 left before the first claimant had the verdict"
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:  # node-a asks again
+        c.sendall(hello("node-a", 11))
         assert c.recv(200) == b"twice 1 node-a/pid/11 node-b/pid/22\n"
     zero.join(10)
     assert isinstance(box[0], DistEnvError)
@@ -572,3 +578,97 @@ def test_a_listener_that_takes_the_hello_but_does_not_answer_is_busy_not_gone():
         busy.close()
     closed = free_port()  # bound, never listening
     assert preflight._ask(preflight._addresses("127.0.0.1", closed), b"hello\n", 0.3) == "refused"
+
+
+def test_a_hello_in_the_backlog_before_the_deadline_is_heard(monkeypatch):
+    """Found in review: process 0 learnt of waiting connections only when it accepted one, so
+    a loop late across the deadline (a batch of hellos, a descheduled thread) named a process
+    whose hello had sat in the backlog since before it. Simulated: process 2 says hello shortly
+    before the deadline while process 0's thread is away until after it."""
+    port = free_port()
+    m = meeting(3, 0, port, 1.0)
+    host = preflight._Host(m, time.monotonic())
+    real, late = host.sel.select, {}
+
+    def select(timeout):
+        events = real(timeout)
+        if "peer" not in late and 0.03 < host.deadline - time.monotonic() < 0.25 \
+                and all(k.data is not None for k, _ in events):  # no accept due on this turn
+            late["peer"] = c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(f"{preflight.PROTOCOL} {preflight.key(meeting(3, 2, port, 1.0))} 2 node-b 22\n".encode())
+            time.sleep(max(0.0, host.deadline - time.monotonic()) + 0.02)  # the thread is late
+        return events
+
+    monkeypatch.setattr(host.sel, "select", select)
+    out = {}
+    one = threading.Thread(target=lambda: out.setdefault(1, preflight.meet(meeting(3, 1, port, 1.0))))
+    one.start()
+    host.run()  # raises if process 2 is named
+    one.join(10)
+    assert late["peer"].recv(64) == b"go\n" and isinstance(out[1], float), out
+    late["peer"].close()
+
+
+def test_a_peer_that_gave_up_before_its_answer_is_not_counted_as_told(monkeypatch):
+    """Found in review: a loaded process 0 read a hello whose sender had given up waiting
+    ("busy") and closed, wrote the verdict into that closed socket, counted it as told and
+    ended; the peer, asking again, found nothing and said process 0 died. A hello whose peer
+    has closed is not an answer delivered: process 0 stays until that peer asks again."""
+    monkeypatch.setattr(preflight, "REPLY_WAIT", 0.3)
+    port = free_port()
+    real, slow = preflight._Host._read, {}
+
+    def read(self, fd):
+        if self.verdict is not None and "slept" not in slow:  # process 0 away for 0.5 s
+            slow["slept"] = True
+            time.sleep(0.5)
+        return real(self, fd)
+
+    monkeypatch.setattr(preflight._Host, "_read", read)
+    out, _ = meet_all(3, [0, 1, 2], 3.0, port=port, delays={1: 0.2, 2: 0.6})
+    assert slow and all(isinstance(v, float) for v in out.values()), out
+
+
+EMFILE_HOST = r'''
+import os, resource, sys, time
+from distenv.bringup import preflight
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+m = preflight.Meeting(2, 0, "127.0.0.1", int(sys.argv[1]), "job", 2.0, who="t")
+host = preflight._Host(m, time.monotonic())
+hog = []
+try:
+    while True:
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+print("ready", flush=True)
+calls, real = [0], host.sel.select
+def select(t):
+    calls[0] += 1
+    return real(t)
+host.sel.select = select
+cpu = time.process_time()
+try:
+    host.run()
+except Exception as exc:
+    pass
+print("selects", calls[0], "cpu", round(time.process_time() - cpu, 2), flush=True)
+'''
+
+
+def test_process_0_out_of_descriptors_does_not_spin():
+    """Found in review: accept() failing with EMFILE left the listener readable, and process 0
+    spun on select and accept at full CPU until its deadline (a million calls in 5 s). It
+    pauses accepting for a moment instead."""
+    port = free_port()
+    src = os.path.dirname(os.path.dirname(os.path.abspath(distenv.__file__)))
+    p = subprocess.Popen([sys.executable, "-c", EMFILE_HOST, str(port)], stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": src})
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # in the backlog
+            words = p.stdout.readline().split()
+    finally:
+        p.kill()
+        p.wait()
+    assert words[0] == "selects" and int(words[1]) < 500 and float(words[3]) < 1.0, words

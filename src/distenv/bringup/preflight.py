@@ -33,6 +33,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -295,17 +296,23 @@ class _Host:
         import selectors
 
         self.m, self.t0, self.deadline = m, t0, t0 + m.timeout
-        self.listener = self._listen()
+        self.sel = selectors.DefaultSelector()  # first: a listener made before it would leak
+        try:
+            self.listener = self._listen()
+        except BaseException:
+            self.sel.close()
+            raise
         self.key = key(m)
         self.came: "dict[int, tuple[str, str]]" = {}   # index -> (host, pid)
         self.asked: "dict[int, float]" = {}            # index -> last request
-        self.told: "set[int]" = set()                  # has the verdict
+        self.told: "set[tuple[int, tuple[str, str]]]" = set()  # (index, who) has the verdict
         self.clash: "tuple[int, str, str] | None" = None
         self.verdict: "str | None" = None
         self.verdict_at = 0.0
         self.missing: "list[int]" = []                # at the verdict
         self.open: "dict[int, _Conn]" = {}
-        self.sel = selectors.DefaultSelector()
+        self.second: "tuple[str, str] | None" = None  # the clash's second claimant
+        self.paused = 0.0  # no accept before this (out of descriptors)
         self.limit = max(8, min(CONCURRENT, (descriptors() - 64) // 2))
         self.accepting = False
         self.queued = True  # connections may wait in the backlog (until an accept finds none)
@@ -316,7 +323,10 @@ class _Host:
         here = ""  # every interface: the other nodes must reach it
         if _loopback(m.host):  # a one-node job: loopback only, at the very address dialed
             here = "127.0.0.1" if m.host == "localhost" else m.host
-        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:  # out of descriptors
+            raise DistEnvError(cannot_listen(m, exc.strerror or str(exc))) from None
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             listener.bind((here, m.port))
@@ -335,7 +345,7 @@ class _Host:
                 now = time.monotonic()
                 self._decide(now)
                 if self.verdict is not None:
-                    waiting = [i for i in self.came if i not in self.told]
+                    waiting = [w for w in self._claimants() if w not in self.told]
                     if not waiting or now >= self.verdict_at + LINGER:
                         break
                 elif now >= progress:
@@ -344,7 +354,7 @@ class _Host:
                 for fd, conn in list(self.open.items()):
                     if now >= conn.until:
                         self._drop(fd)
-                self._accepting(len(self.open) < self.limit)
+                self._accepting(len(self.open) < self.limit and now >= self.paused)
                 for sel_key, _ in self.sel.select(0.1):
                     if sel_key.data is None:
                         self._accept(now)
@@ -375,8 +385,12 @@ class _Host:
             except BlockingIOError:  # nothing pending
                 self.queued = False
                 return
-            except OSError:  # the peer left already
-                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # the listener stays readable: without a pause the loop would spin on it
+                    self.paused = now + 0.05
+                    self._accepting(False)
+                return  # else the peer left already
             self.queued = True
             sock.setblocking(False)
             fd = sock.fileno()
@@ -407,7 +421,13 @@ class _Host:
             if len(conn.data) >= HELLO_MAX:
                 self._drop(fd)
             return
-        answer = self._hello(conn.data.split(b"\n", 1)[0].decode("ascii", "replace"))
+        try:  # the peer closed already (it gave up waiting): an answer now never reaches it
+            gone = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:  # still there, waiting
+            gone = False
+        except OSError:  # reset
+            gone = True
+        answer = self._hello(conn.data.split(b"\n", 1)[0].decode("ascii", "replace"), not gone)
         if answer is not None:
             try:
                 conn.sock.send(answer.encode())  # a few bytes into a fresh socket's buffer
@@ -415,8 +435,9 @@ class _Host:
                 pass
         self._drop(fd)
 
-    def _hello(self, line: str) -> "str | None":
-        """The answer to one hello line (None: not a hello, no answer)."""
+    def _hello(self, line: str, hears: bool = True) -> "str | None":
+        """The answer to one hello line (None: not a hello, no answer); not `hears`: the peer
+        closed its end, so a verdict is not counted as told."""
         words = line.split()
         if len(words) != 5 or words[0] != PROTOCOL:
             return None
@@ -429,11 +450,13 @@ class _Host:
         first = self.came.setdefault(index, who)
         if first != who and self.clash is None and self.verdict is None:
             self.clash = (index, f"{first[0]} pid {first[1]}", f"{who[0]} pid {who[1]}")
+            self.second = who
         self.asked[index] = now
         self._decide(now)
         if self.verdict is None:
             return f"wait {len(self.came) + 1} {self.m.size} {max(0.0, self.deadline - now):.1f}\n"
-        self.told.add(index)
+        if hears:
+            self.told.add((index, who))
         return self.verdict
 
     def _decide(self, now: float) -> None:
@@ -445,13 +468,23 @@ class _Host:
         elif len(self.came) >= self.m.size - 1:
             self.verdict = "go\n"
         elif now >= self.deadline:
-            if (self.queued or self.open) and now < self.deadline + DRAIN:
-                return  # first hear those at the door: they came in time
+            if now < self.deadline + DRAIN:
+                if self.accepting:  # a hello still in the backlog came in time (a late loop)
+                    self._accept(now)
+                if self.queued or self.open:
+                    return  # first hear those at the door: they came in time
             self.missing = self._missing()
             self.verdict = _missing_line(len(self.missing), self.missing[:SHOWN])
         else:
             return
         self.verdict_at = now
+
+    def _claimants(self) -> "list[tuple[int, tuple[str, str]]]":
+        """Every process that came, as (index, who): both of a clash's claimants."""
+        out = list(self.came.items())
+        if self.clash is not None and self.second is not None:
+            out.append((self.clash[0], self.second))
+        return out
 
     def _missing(self) -> "list[int]":
         return [i for i in range(1, self.m.size) if i not in self.came]
@@ -469,7 +502,7 @@ class _Host:
         if self.clash is not None:
             raise DistEnvError(twice(m, *self.clash))
         if self.verdict == "go\n":
-            silent = sorted(i for i in self.came if i not in self.told)
+            silent = sorted(i for i, who in self.came.items() if (i, who) not in self.told)
             if silent:
                 raise DistEnvError(went_silent(m, silent))
             return
@@ -709,7 +742,11 @@ def _ask(addresses: "list[tuple[int, Any]]", hello: bytes, left: float) -> str:
     deadline = time.monotonic() + min(max(left, 0.05), REPLY_WAIT)
     refused = bool(addresses)
     for family, addr in addresses:
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # out of descriptors, no such family here: this address not asked
+            refused = False
+            continue
         sent = False
         try:
             sock.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
