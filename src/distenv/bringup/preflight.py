@@ -394,8 +394,12 @@ class _Host:
             self.queued = True
             sock.setblocking(False)
             fd = sock.fileno()
+            try:
+                self.sel.register(sock, selectors.EVENT_READ, fd)
+            except (OSError, ValueError):  # out of memory for the selector: not heard, closed
+                sock.close()
+                continue
             self.open[fd] = _Conn(sock, now + HELLO_WAIT)
-            self.sel.register(sock, selectors.EVENT_READ, fd)
 
     def _drop(self, fd: int) -> None:
         conn = self.open.pop(fd, None)
