@@ -571,3 +571,27 @@ def test_a_librarys_release_is_read_from_its_banner_wherever_it_lies(tmp_path):
         at = whole.find(b"OpenPMIx ")
         version = whole[at + 9:whole.index(b" (", at)].decode()
         assert pmix.release_of(lib, version) and not pmix.release_of(lib, version + "9"), lib
+
+
+REAP_IGNORING_SIGCHLD = r"""
+import os, signal, time
+from distenv.discovery import pmix
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps children itself
+pid = os.fork()
+if pid == 0:
+    os._exit(3)
+time.sleep(0.2)
+print(pmix._reap(pid, time.monotonic() + 1.0, kill=False), flush=True)
+"""
+
+
+def test_the_query_process_reaped_by_the_kernel_is_no_error():
+    """Found in review: a rank that ignores SIGCHLD (some servers do) has its children reaped
+    by the kernel; waitpid's ChildProcessError lost the query's answer and skipped the relay's
+    stop. Its status is then unknown: 0."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", REAP_IGNORING_SIGCHLD], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "0", (out.stdout, out.stderr)

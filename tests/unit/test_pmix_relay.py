@@ -426,6 +426,9 @@ sock = socket.create_connection(("127.0.0.1", port))
 sock.sendall(b"hello")
 assert sock.fileno() <= 2
 assert pmix_relay.keeper([sock])
+assert min(pmix_relay.lines) > 2  # else a daemon's dup2 onto 1 would close it (found in review)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+os.dup2(1, 2)
 time.sleep(1.5)
 """
 
@@ -442,6 +445,49 @@ def test_a_keeper_of_a_rank_without_standard_streams_still_holds_the_end(server)
         upstream, _ = server.accept()
         assert upstream.recv(5) == b"hello"
         assert not readable(upstream, 1.0)  # held while the rank sleeps
+        assert rank.wait(10) == 0
+        assert readable(upstream, 10) and upstream.recv(100) == b""  # closed after the rank
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+#: A rank whose process group gets the launcher's signals (PRRTE's Ctrl-C forwarding, a
+#: SIGUSR1 checkpoint request) and handles them: its keeper must outlive them.
+KEEPER_RANK_SIGNALLED = r"""
+import os, signal, socket, sys, time
+from distenv.discovery import pmix_relay
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+sock.sendall(b"hello")
+assert pmix_relay.keeper([sock])
+me = os.getpid()
+cats = [int(c) for c in open(f"/proc/{me}/task/{me}/children").read().split()]
+for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, lambda *a: None)
+    os.killpg(os.getpgid(0), sig)
+time.sleep(0.5)
+print(" ".join(open(f"/proc/{c}/stat").read().split()[2] for c in cats), flush=True)
+time.sleep(1.0)
+"""
+
+
+def test_a_keeper_outlives_the_signals_its_ranks_group_gets(server):
+    """Found in review: under Open MPI 5 every rank leads a process group that PRRTE signals,
+    and SLURM signals every process of a step: cat died of a SIGINT or SIGUSR1 the rank
+    handled, closing the server's end while the rank lived. The keeper blocks them."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    rank = subprocess.Popen([sys.executable, "-c", KEEPER_RANK_SIGNALLED, str(server.getsockname()[1])],
+                            env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        server.settimeout(20)
+        upstream, _ = server.accept()
+        assert upstream.recv(5) == b"hello"
+        states = rank.stdout.readline().split()
+        assert states and all(st in ("S", "R") for st in states), states  # not Z: alive
+        assert not readable(upstream, 0.5)  # still held while the rank lives
         assert rank.wait(10) == 0
         assert readable(upstream, 10) and upstream.recv(100) == b""  # closed after the rank
     finally:

@@ -665,17 +665,21 @@ def _interpreter(found: Offer, full: bool, env: "dict[str, str]", out: int) -> i
 
 def _reap(pid: int, deadline: float, kill: bool) -> int:
     """The query process's exit status; killed first when `kill` or when it outlives
-    `deadline` (its answer is in: it is only exiting)."""
-    while not kill and time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.002)
+    `deadline` (its answer is in: it is only exiting). 0 when the kernel reaped it already
+    (a program that ignores SIGCHLD: review found the query lost, and the relay skipped)."""
     try:
-        os.kill(pid, 9)  # SIGKILL on Linux; importing `signal` costs a rank 5 ms (its enums)
-    except ProcessLookupError:
-        pass
-    return os.waitpid(pid, 0)[1]
+        while not kill and time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            time.sleep(0.002)
+        try:
+            os.kill(pid, 9)  # SIGKILL on Linux; importing `signal` costs a rank 5 ms (its enums)
+        except ProcessLookupError:
+            pass
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return 0
 
 
 def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
@@ -712,10 +716,12 @@ def _in_child(found: Offer, timeout: float, full: bool = True) -> Placement:
         text = collect(read, deadline, relay)
     finally:  # whatever ended the query (a KeyboardInterrupt too), nothing is left running
         os.close(read)
-        if pid is not None:
-            status = _reap(pid, deadline + 1.0, kill=text is None)
-        if relay is not None:
-            relay.stop(drop=text is None, task=found.chain, deadline=deadline)
+        try:
+            if pid is not None:
+                status = _reap(pid, deadline + 1.0, kill=text is None)
+        finally:  # the server's end is held (or dropped) whatever the reaping met
+            if relay is not None:
+                relay.stop(drop=text is None, task=found.chain, deadline=deadline)
     if text is None:
         raise PMIxError(f"the PMIx server did not answer within {timeout:g} s ({found.why}). "
                         "Fix: set DISTENV_TIMEOUT=<seconds> to wait longer, or set MASTER_ADDR.")

@@ -103,7 +103,7 @@ class Relay:
         if fd == self.listener.fileno():
             self._accept(deadline)
         elif fd in self.ends:
-            self._pump(*self.ends[fd])
+            self._pump(*self.ends[fd], deadline)
 
     def _accept(self, deadline: float) -> None:
         import _socket
@@ -135,7 +135,7 @@ class Relay:
         self.ends[client.fileno()] = (pair, 0)
         self.ends[up.fileno()] = (pair, 1)
 
-    def _pump(self, pair: "list[Any]", side: int) -> None:
+    def _pump(self, pair: "list[Any]", side: int, deadline: float) -> None:
         src, dst = pair[side], pair[1 - side]
         try:
             data = src.recv(65536)
@@ -144,10 +144,12 @@ class Relay:
         if data:
             pair[2] = True
             if dst is not None:
-                try:
+                try:  # within the query's deadline, not the time left at the accept
+                    dst.settimeout(max(deadline - time.monotonic(), 0.01))
                     dst.sendall(data)
-                except OSError:
-                    pass
+                except OSError:  # part of a message lost: the stream is broken, end both
+                    self._close(pair, 0)
+                    self._close(pair, 1)
             return
         self._close(pair, side)
         if side == 1 and pair[0] is not None:  # the server closed: nothing left to hold
@@ -198,8 +200,7 @@ class Relay:
                                            f"connection ({exc}); held until this process ends")
         # nobody else: held here until this process (or a program it execs) ends
         for sock in keep:
-            os.set_inheritable(sock.fileno(), True)
-            held.append(sock)
+            held.append(_above_2(sock))
 
 
 #: The keeper's program: it blocks reading its standard input and ends at its end of file.
@@ -221,24 +222,26 @@ def keeper(socks: "list[Any]") -> bool:
     behind a starter that gives every rank its own pid namespace every rank needed one
     (the query at 0.77x MPI_Init against 0.25x without). False where no ``cat`` can be
     started (nothing handed)."""
-    read, write = os.pipe()
-    sources = {read, *(s.fileno() for s in socks)}
-    # Nothing else of this process's: an inheritable descriptor a library left here (a pipe
-    # its reader waits to see closed) would stay open in `cat` (closing one that is gone by
-    # then is ignored). Then every source to a number above them all (a source may be 0-2
-    # where this process has closed its standard streams), then the standard streams.
-    actions: "list[tuple[Any, ...]]" = [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()
-                                        if fd > 2 and fd not in sources]
-    base = max(write, *sources) + 1
-    life = base + len(socks)
-    actions += [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i) for i, s in enumerate(socks)]
-    actions += [(os.POSIX_SPAWN_DUP2, read, life), (os.POSIX_SPAWN_DUP2, life, 0),
-                (os.POSIX_SPAWN_CLOSE, life), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, 1, 2)]
+    try:
+        read, write = os.pipe()
+    except OSError:  # out of descriptors
+        return False
+    try:  # the kept end above 0-2: where this process closed its standard streams, a later
+        # dup2 onto 1 (a daemon's) would close it, and every subprocess would get it as stdout
+        write = _dup_above_2(write)
+        sources = {read, *(s.fileno() for s in socks)}
+        actions = _actions(read, write, socks, sources)
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return False
     try:
         for path in KEEPER:
             try:
-                os.posix_spawn(path, ["cat"], {}, file_actions=actions)
+                # the signals a launcher sends the rank's process group (PRRTE, Ctrl-C) or
+                # every process of a step (SLURM) blocked: the keeper lives while the rank
+                # handles them (review: cat died first, and a SIGUSR1 left it a zombie)
+                os.posix_spawn(path, ["cat"], {}, file_actions=actions, setsigmask=_SIGNALS)
                 break
             except FileNotFoundError:
                 continue
@@ -255,6 +258,52 @@ def keeper(socks: "list[Any]") -> bool:
     for sock in socks:
         sock.close()  # the keeper has its copies
     return True
+
+
+#: SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM (Linux numbers: the
+#: `signal` module costs a rank milliseconds); the end of file and SIGKILL still end it.
+_SIGNALS = (1, 2, 3, 10, 12, 13, 14, 15)
+
+
+def _actions(read: int, write: int, socks: "list[Any]", sources: "set[int]") -> "list[tuple[Any, ...]]":
+    """The keeper's descriptors: its sources above every number in use, then the life line's
+    read end as its standard input, /dev/null as its output, nothing else of this process's."""
+    # Nothing else of this process's: an inheritable descriptor a library left here (a pipe
+    # its reader waits to see closed) would stay open in `cat` (closing one that is gone by
+    # then is ignored). Then every source to a number above them all (a source may be 0-2
+    # where this process has closed its standard streams), then the standard streams.
+    actions: "list[tuple[Any, ...]]" = [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()
+                                        if fd > 2 and fd not in sources]
+    base = max(write, *sources) + 1
+    life = base + len(socks)
+    actions += [(os.POSIX_SPAWN_DUP2, s.fileno(), base + i) for i, s in enumerate(socks)]
+    actions += [(os.POSIX_SPAWN_DUP2, read, life), (os.POSIX_SPAWN_DUP2, life, 0),
+                (os.POSIX_SPAWN_CLOSE, life), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, 1, 2)]
+    return actions
+
+
+def _dup_above_2(fd: int) -> int:
+    """`fd` moved to a number above 2 (close-on-exec until made inheritable), or `fd` itself."""
+    import fcntl
+
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+def _above_2(sock: Any) -> Any:
+    """`sock`, inheritable, at a number above 2 (a new socket object where it was moved)."""
+    import _socket
+
+    if sock.fileno() > 2:
+        os.set_inheritable(sock.fileno(), True)
+        return sock
+    fd = _dup_above_2(sock.detach())
+    os.set_inheritable(fd, True)
+    return _socket.socket(fileno=fd)
 
 
 def _inheritable() -> "list[int]":
