@@ -44,20 +44,25 @@ PLATFORM_CASES = sorted(f[:-5] for f in os.listdir(PLATFORMS) if f.endswith(".js
 #: the platform's when the case expects one ...
 PLATFORM_SOURCES = {"azureml": "azureml", "gcp": "gcp", "vertex": "gcp", "sagemaker": "sagemaker",
                     "kubeflow": "kubeflow"}
-#: ... else the launcher that wins.
+#: ... else the launcher that wins: the registry's module for the case's expected launcher, or,
+#: where the case does not name one, this map.
 NO_PLATFORM_SOURCES = {"kubeflow_mpijob_rank3": "openmpi", "kubeflow_tfjob_worker1": "tfconfig",
-                       "tf_config_chief_worker_ps": "tfconfig", "tf_config_evaluator": "tfconfig",
-                       "plain_kubernetes_pod": "single",
-                       "skypilot_2x4_node0": "skypilot", "skypilot_2x4_node1": "skypilot",
-                       "dstack_2x4_node0": "dstack", "dstack_2x4_node1": "dstack",
-                       "k8s_indexed_job_2pods_pod1": "k8s_job",
-                       **{f"jobset_2jobs_job{j}_pod{p}": "k8s_job" for j in (0, 1) for p in (0, 1)}}
+                       "tf_config_chief_worker_ps": "tfconfig", "tf_config_evaluator": "tfconfig"}
 
 
 def platform_source(name):
     """The source module that a documented case belongs to (KeyError: a new case to place)."""
-    expected = platform_case(name)["expected"].get("platform")
-    return PLATFORM_SOURCES[expected] if expected else NO_PLATFORM_SOURCES[name]
+    expected = platform_case(name)["expected"]
+    if expected.get("platform"):
+        return PLATFORM_SOURCES[expected["platform"]]
+    if "launcher" not in expected:
+        return NO_PLATFORM_SOURCES[name]
+    from distenv.sources import find
+
+    entry = find(expected["launcher"])
+    if entry is None:
+        raise KeyError(f"{name}: no source is named {expected['launcher']!r}")
+    return entry.module
 
 
 def documented(source):
