@@ -290,10 +290,12 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             "Fix: distenv run --nproc-per-node N (WORLD_SIZE must be a multiple of N).")
     for field in ("num_nodes", "node_rank", "nproc_per_node"):
         if getattr(env, field) is None:
+            # the workers per node are this command's own option; the others, the job script's
+            fix = ("distenv run --nproc-per-node N, the same N on every node" if field == "nproc_per_node"
+                   else "run `distenv show --explain`, and set the missing value in the job script")
             raise DistEnvError(
                 f"a per-node launch needs {field}, which {env.launcher} does not reveal here "
-                f"({env.provenance.get(field, 'unknown')}). Fix: run `distenv show --explain`, "
-                "and set the missing value (e.g. NODE_RANK / MASTER_ADDR) in the job script.")
+                f"({env.provenance.get(field, 'unknown')}). Fix: {fix}.")
     if env.num_nodes == 1 and kind_of(env.provenance.get("master_port")) == DEFAULT \
             and "MASTER_PORT" not in child:
         # One node and no job id: 29500 would collide with any other such run here.
