@@ -1,9 +1,11 @@
-"""`distenv run -- python main.py` as the whole launch line of a SkyPilot or dstack task (issue 31).
+"""`distenv run -- python main.py` as the whole launch line of a SkyPilot or dstack task (issue 31),
+or of an AWS Batch multi-node parallel job (issue 41, item 4: the launcher added to try the recipe).
 
 A simulated two-node launch on this machine: two `distenv run --nproc-per-node 2` processes,
 each given one node's variables as the platform documents them (the recorded environments in
 tests/fixtures/platforms/, with node 0 at 127.0.0.1 and node 1 at 127.0.0.2, both this
-machine's loopback). Nothing else is set: no MASTER_ADDR, no MASTER_PORT, no node rank. Each
+machine's loopback). Nothing else is set: no MASTER_ADDR (but on AWS Batch's main node, which
+AWS Batch gives no address), no MASTER_PORT, no node rank. Each
 process starts its two workers with torch.distributed.run; the workers (DISTENV_AUTO=1) run
 examples/pytorch_ddp.py unchanged. The four must train as one job: rank 0 gathers every rank's
 parameter checksum (all identical), the ranks are 0..3, and the final loss and parameters equal
@@ -67,7 +69,21 @@ def dstack_node(node, run_id):
     return env
 
 
-NODES = {"skypilot": skypilot_node, "dstack": dstack_node}
+def aws_batch_node(node, job):
+    """Node rank `node` of an AWS Batch job whose main node has index 1 (`mainNode: 1`): node
+    rank 0 is the main node, which AWS Batch gives no address, so it sets MASTER_ADDR to its own
+    (as distenv's error there says); node rank 1 (index 0) is given the main node's."""
+    main = node == 0
+    env = {k: v for k, v in platform("aws_batch_2x8_child_node1").items() if k.startswith("AWS_BATCH_")}
+    env.update(AWS_BATCH_JOB_ID=f"{job}#{1 - node}", AWS_BATCH_JOB_NODE_INDEX=str(1 - node),
+               AWS_BATCH_JOB_MAIN_NODE_INDEX="1")
+    del env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"]
+    env.update({"MASTER_ADDR": NODE_IPS[0]} if main
+               else {"AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": NODE_IPS[0]})
+    return env
+
+
+NODES = {"skypilot": skypilot_node, "dstack": dstack_node, "aws_batch": aws_batch_node}
 
 
 def held_job(make):

@@ -46,7 +46,10 @@ SECRET_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY
                   "SECRETKEY")
 #: Names that contain a secret-looking word but are not secret.
 NOT_SECRET = frozenset({"PWD", "OLDPWD", "TOKENIZERS_PARALLELISM", "KEYTIMEOUT",
-                        "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "SLURM_TRES_PER_TASK"})
+                        "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "SLURM_TRES_PER_TASK",
+                        # AWS Batch's placement (sources/aws_batch.py), shown in its errors
+                        "AWS_BATCH_JOB_ID", "AWS_BATCH_JOB_NODE_INDEX", "AWS_BATCH_JOB_NUM_NODES",
+                        "AWS_BATCH_JOB_MAIN_NODE_INDEX", "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"})
 #: Query/assignment keys inside values whose value is secret.
 SECRET_KEYS = ("sig", "signature", "token", "access_token", "refresh_token", "id_token",
                "api_key", "apikey", "key", "secret", "client_secret", "password", "passwd",

@@ -270,6 +270,7 @@ LAUNCHERS = [
     Entry("sagemaker", "sagemaker", ("SM_HOSTS",)),
     Entry("skypilot", "skypilot", ("SKYPILOT_NODE_RANK",)),
     Entry("dstack", "dstack", ("DSTACK_NODE_RANK",)),
+    Entry("aws_batch", "aws_batch", ("AWS_BATCH_JOB_NODE_INDEX",)),
     # Indexed Job / JobSet pods: only with the template's DISTENV_JOB_COMPLETIONS (detect()).
     Entry("k8s_job", "k8s_job", ("JOB_COMPLETION_INDEX", knobs.JOB_COMPLETIONS)),
     Entry("tf_config", "tfconfig", ("TF_CONFIG",)),

@@ -1,0 +1,109 @@
+"""AWS Batch multi-node parallel jobs (one container per node: the node's index in AWS_BATCH_*).
+
+AWS Batch starts one job container on each node, and the nodes are single-tenant ("only a
+single job container is run on each Amazon EC2 instance"); the container's command is the
+node's one process, whose workers are yet to be started: a per-node launch, whose whole
+command is ``distenv run --nproc-per-node N -- python main.py``. A launcher the command runs
+(torchrun, mpirun) comes first in the registry and describes its own workers.
+
+Proof of every field: the AWS Batch User Guide, "Multi-node parallel jobs"
+(``multi-node-parallel-jobs.html``), "Environment variables" (``mnp-env-vars.html``), "Node
+groups" (``mnp-node-groups.html``), read 2026-12-07; there is no AWS Batch here, so the cases
+(tests/fixtures/platforms/aws_batch_*.json) follow those pages:
+
+===============  ===========================================================================
+field            rule
+===============  ===========================================================================
+num_nodes        AWS_BATCH_JOB_NUM_NODES: "the number of nodes that you have requested"
+node_rank        (AWS_BATCH_JOB_NODE_INDEX - AWS_BATCH_JOB_MAIN_NODE_INDEX) mod num_nodes:
+                 the node indexes are unique, 0 .. nodes-1, and every node is given the
+                 same main node index, so this numbers the nodes 0 .. nodes-1 on every node
+                 alike, with the main node 0 (rank 0 runs where the address below leads;
+                 the main node need not be index 0: ``mainNode`` in the job definition)
+master_addr      AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS, "the private IPv4 address of
+                 the job's main node", set on the child nodes only: on the main node itself
+                 unknown (AWS Batch does not give a node its own address)
+nproc_per_node   given (``--nproc-per-node N``, DISTENV_NPROC_PER_NODE=N), never this node's
+                 GPUs: node groups share the instance type but each asks for its own
+                 resources, so the nodes may see different GPU counts, and a count each node
+                 takes from itself could differ between them; unknown otherwise (on one
+                 node: the resolver's default)
+master_port      derived from AWS_BATCH_JOB_ID up to any ``#``: a node is addressed as
+                 ``<job id>#<node index>``, so the part before it is the job's on every node
+job_id           the same
+===============  ===========================================================================
+
+Errors (one line, with a Fix): a node index or main node index not below the node count.
+"""
+
+from __future__ import annotations
+
+from ..core.description import PER_NODE
+from ..errors import DistEnvError
+from ..core.reading import get_int
+from . import Launch, Source
+
+TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from ..core.reading import Env, Reading
+
+FIX = ("Fix: leave the AWS_BATCH_* variables as AWS Batch sets them (the prefix is reserved: "
+       "a job definition cannot set them).")
+COUNT = "distenv run --nproc-per-node N (DISTENV_NPROC_PER_NODE=N), the same N on every node"
+MAIN_IP = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
+#: A processes-per-node count the user gave, as the resolver records it (resolver._wanted).
+GIVEN = ("given to resolve()", "DISTENV_NPROC_PER_NODE=")
+
+
+class AwsBatch(Source):
+    name = "aws_batch"
+    title = "AWS Batch"
+    family = "platform"
+    prefixes = ("AWS_BATCH_",)
+    launch = Launch(
+        master_unknown=(f"this is AWS Batch's main node, and AWS Batch gives the main node's "
+                        f"address ({MAIN_IP}) to the child nodes only Fix: on the main node, "
+                        "set MASTER_ADDR to its private IPv4 address (the one the child nodes "
+                        "are given)"),
+        unknown_fix=(f"give the workers per node: {COUNT} (AWS Batch does not say whether every "
+                     "node group sees as many GPUs); on the main node, set MASTER_ADDR to its "
+                     "private IPv4 address"))
+
+    def read(self, env: "Env", r: "Reading") -> None:
+        r.launch = PER_NODE
+        r.set("launcher", self.name, "AWS_BATCH_JOB_NODE_INDEX: AWS Batch started the job's "
+                                     "container once on each node")
+        count = r.int_from(env, "num_nodes", "AWS_BATCH_JOB_NUM_NODES", self.title, minimum=1)
+        index = get_int(env, "AWS_BATCH_JOB_NODE_INDEX", self.title)
+        main = get_int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", self.title)
+        for var, value in (("AWS_BATCH_JOB_NODE_INDEX", index), ("AWS_BATCH_JOB_MAIN_NODE_INDEX", main)):
+            if value is not None and count is not None and value >= count:
+                raise DistEnvError(f"{var}={value} is not below AWS_BATCH_JOB_NUM_NODES={count}: "
+                                   f"AWS Batch numbers nodes 0 to nodes-1. {FIX}")
+        if index is not None and main is not None and count is not None:
+            r.set("node_rank", (index - main) % count,
+                  f"(AWS_BATCH_JOB_NODE_INDEX={index} - AWS_BATCH_JOB_MAIN_NODE_INDEX={main}) mod "
+                  f"{count}: the main node is node rank 0")
+        addr = (env.get(MAIN_IP) or "").strip()
+        if addr:
+            r.set("master_addr", addr, f"{MAIN_IP} (the main node, node rank 0, where rank 0 runs)")
+            r.addr_explicit = True
+        job = (env.get("AWS_BATCH_JOB_ID") or "").partition("#")[0].strip()
+        if job:
+            r.set("job_id", job, "AWS_BATCH_JOB_ID (up to '#': the job's, not the node's)")
+            r.port_key = "aws_batch:" + job
+
+    def after(self, env: "Env", r: "Reading") -> None:
+        """Workers per node only as given: each node counts its own GPUs, and node groups may
+        ask for different numbers (the resolver took this node's count)."""
+        why = r.why.get("nproc_per_node", "")
+        given = why.startswith(GIVEN) and (why == GIVEN[0] or why.partition("=")[2].isdigit())
+        if given or r.get("num_nodes") == 1:
+            return
+        r.launch = PER_NODE
+        for field in ("rank", "local_rank", "world_size", "local_world_size", "nproc_per_node"):
+            r.values.pop(field, None)
+            r.why.pop(field, None)
+
+
+SOURCE = AwsBatch()
