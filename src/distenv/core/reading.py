@@ -88,7 +88,7 @@ class Reading:
     """Fields a source found, each with why. Mutable while resolving, then frozen into DistEnv."""
 
     __slots__ = ("values", "why", "notes", "launch", "owns", "node_order", "port_key", "nproc_source",
-                 "addr_explicit", "nproc_from_world", "hosts_by_node")
+                 "addr_explicit", "nproc_from_world", "hosts_by_node", "workers_unproven")
 
     def __init__(self) -> None:
         self.values: "dict[str, Any]" = {}
@@ -110,6 +110,10 @@ class Reading:
         # process per node became a node with its rank as node rank, but the launcher's own node
         # index disagrees (or is unknown) -- its list is in its own order, not in rank order.
         self.hosts_by_node = True
+        # Why this node's GPUs prove nothing of the other nodes' workers (AWS Batch's node groups
+        # ask for their own resources): a multi-node per-node launch's workers per node are then
+        # only what the user gives, else unknown with this reason ("" where a node stands for all).
+        self.workers_unproven = ""
 
     def set(self, field: str, value: Any, why: str) -> None:
         if value is not None:

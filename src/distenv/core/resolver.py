@@ -345,6 +345,10 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
     elif r.nproc_source is not None:
         raw, raw_why = r.nproc_source
         nproc, why = _nproc_value(raw, raw_why.split("=", 1)[0], env)
+    elif r.workers_unproven and r.get("num_nodes") != 1:
+        r.notes.append(f"the workers per node are unknown: {r.workers_unproven}. Fix: distenv run "
+                       "--nproc-per-node N (DISTENV_NPROC_PER_NODE=N), the same N on every node")
+        return
     else:
         from .gpus import visible_gpus
 

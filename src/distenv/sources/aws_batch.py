@@ -24,35 +24,41 @@ master_addr      AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS, "the private IPv4
                  the job's main node", set on the child nodes only: on the main node itself
                  unknown (AWS Batch does not give a node its own address)
 nproc_per_node   given (``--nproc-per-node N``, DISTENV_NPROC_PER_NODE=N), never this node's
-                 GPUs: node groups share the instance type but each asks for its own
-                 resources, so the nodes may see different GPU counts, and a count each node
-                 takes from itself could differ between them; unknown otherwise (on one
-                 node: the resolver's default)
+                 GPUs (`Reading.workers_unproven`): node groups share the instance type but
+                 each asks for its own resources, so the nodes may see different GPU counts;
+                 unknown otherwise (on one node: the resolver's default)
 master_port      derived from AWS_BATCH_JOB_ID up to any ``#``: a node is addressed as
                  ``<job id>#<node index>``, so the part before it is the job's on every node
 job_id           the same
 ===============  ===========================================================================
 
-Errors (one line, with a Fix): a node index or main node index not below the node count.
+Errors (one line, with a Fix): the node count or main node index missing, either index not
+below the node count; a child node without the main node's address (AWS Batch sets it on every
+one: a starter dropped it); a loopback MASTER_ADDR on a child node (the main node is another
+instance). A process with RANK or LOCAL_RANK is a worker the job's command started itself: the
+plain source reads it.
 """
 
 from __future__ import annotations
 
 from ..core.description import PER_NODE
 from ..errors import DistEnvError
-from ..core.reading import get_int
+from ..core.reading import get_int, show
 from . import Launch, Source
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from ..core.reading import Env, Reading
 
-FIX = ("Fix: leave the AWS_BATCH_* variables as AWS Batch sets them (the prefix is reserved: "
-       "a job definition cannot set them).")
-COUNT = "distenv run --nproc-per-node N (DISTENV_NPROC_PER_NODE=N), the same N on every node"
+FIX = ("Fix: leave the AWS_BATCH_* variables as AWS Batch sets them, and pass them into any "
+       "container or environment the job's command starts (the prefix is reserved: a job "
+       "definition cannot set them).")
 MAIN_IP = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
-#: A processes-per-node count the user gave, as the resolver records it (resolver._wanted).
-GIVEN = ("given to resolve()", "DISTENV_NPROC_PER_NODE=")
+#: Where the main node's own address comes from: only there, since the child nodes have theirs.
+ON_MAIN = (f"on the main node only (where {MAIN_IP} is unset), set MASTER_ADDR to its private "
+           "IPv4 address")
+LOOPBACK = ("127.", "localhost", "::1")
+REQUIRED = ("AWS_BATCH_JOB_NUM_NODES", "AWS_BATCH_JOB_MAIN_NODE_INDEX")
 
 
 class AwsBatch(Source):
@@ -62,17 +68,24 @@ class AwsBatch(Source):
     prefixes = ("AWS_BATCH_",)
     launch = Launch(
         master_unknown=(f"this is AWS Batch's main node, and AWS Batch gives the main node's "
-                        f"address ({MAIN_IP}) to the child nodes only Fix: on the main node, "
-                        "set MASTER_ADDR to its private IPv4 address (the one the child nodes "
-                        "are given)"),
-        unknown_fix=(f"give the workers per node: {COUNT} (AWS Batch does not say whether every "
-                     "node group sees as many GPUs); on the main node, set MASTER_ADDR to its "
-                     "private IPv4 address"))
+                        f"address ({MAIN_IP}) to the child nodes only Fix: {ON_MAIN}"),
+        unknown_fix="give what the notes above name (AWS Batch does not say them)")
+
+    def detect(self, env: "Env") -> bool:
+        """Not a process the job's command started as a worker itself (RANK, LOCAL_RANK): the
+        torch variables describe that one (the plain source), not AWS Batch's per-node one."""
+        return "RANK" not in env and "LOCAL_RANK" not in env
 
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_NODE
         r.set("launcher", self.name, "AWS_BATCH_JOB_NODE_INDEX: AWS Batch started the job's "
                                      "container once on each node")
+        r.workers_unproven = ("AWS Batch does not say whether every node group asked for as "
+                              "many GPUs as this node sees")
+        for var in REQUIRED:  # AWS Batch sets each on every node: a missing one was dropped
+            if not env.get(var):
+                raise DistEnvError(f"{var} is not set, but AWS_BATCH_JOB_NODE_INDEX is: AWS Batch "
+                                   f"sets both on every node of a multi-node parallel job. {FIX}")
         count = r.int_from(env, "num_nodes", "AWS_BATCH_JOB_NUM_NODES", self.title, minimum=1)
         index = get_int(env, "AWS_BATCH_JOB_NODE_INDEX", self.title)
         main = get_int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", self.title)
@@ -85,25 +98,26 @@ class AwsBatch(Source):
                   f"(AWS_BATCH_JOB_NODE_INDEX={index} - AWS_BATCH_JOB_MAIN_NODE_INDEX={main}) mod "
                   f"{count}: the main node is node rank 0")
         addr = (env.get(MAIN_IP) or "").strip()
+        child = index is not None and main is not None and index != main
+        if child and not addr:
+            raise DistEnvError(f"{MAIN_IP} is not set on node index {index}, a child node (the main "
+                               f"node's index is {main}): AWS Batch sets it on every child node. {FIX}")
+        given = (env.get("MASTER_ADDR") or "").strip()
+        if addr and given != addr and given.lower().startswith(LOOPBACK):
+            raise DistEnvError(
+                f"MASTER_ADDR={show(given)} is this node's loopback, but rank 0 runs on the main "
+                f"node, another instance ({MAIN_IP}={addr}). Fix: unset MASTER_ADDR on the child "
+                f"nodes (distenv takes the main node's address from AWS Batch); {ON_MAIN}.")
         if addr:
             r.set("master_addr", addr, f"{MAIN_IP} (the main node, node rank 0, where rank 0 runs)")
             r.addr_explicit = True
+        elif count != 1:
+            r.notes.append(f"rank 0's address is unknown: this is the main node, and AWS Batch gives "
+                           f"its address to the child nodes only. Fix: {ON_MAIN}")
         job = (env.get("AWS_BATCH_JOB_ID") or "").partition("#")[0].strip()
         if job:
             r.set("job_id", job, "AWS_BATCH_JOB_ID (up to '#': the job's, not the node's)")
             r.port_key = "aws_batch:" + job
-
-    def after(self, env: "Env", r: "Reading") -> None:
-        """Workers per node only as given: each node counts its own GPUs, and node groups may
-        ask for different numbers (the resolver took this node's count)."""
-        why = r.why.get("nproc_per_node", "")
-        given = why.startswith(GIVEN) and (why == GIVEN[0] or why.partition("=")[2].isdigit())
-        if given or r.get("num_nodes") == 1:
-            return
-        r.launch = PER_NODE
-        for field in ("rank", "local_rank", "world_size", "local_world_size", "nproc_per_node"):
-            r.values.pop(field, None)
-            r.why.pop(field, None)
 
 
 SOURCE = AwsBatch()

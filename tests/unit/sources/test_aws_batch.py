@@ -47,26 +47,52 @@ def test_the_job_id_is_the_job_s_whether_or_not_the_node_s_index_follows(no_gpus
     assert resolve(dict(CHILD, AWS_BATCH_JOB_ID="other#1")).master_port != plain.master_port
 
 
-def test_the_workers_per_node_are_a_count_given_never_this_node_s_gpus(fake_gpus):
+def test_the_workers_per_node_are_what_the_user_gives_never_this_node_s_gpus(fake_gpus):
     fake_gpus(8)
     seen = resolve(CHILD)
     assert (seen.nproc_per_node, seen.world_size, seen.launch) == (None, None, "per-node")
     assert any("--nproc-per-node N" in n for n in seen.notes)
-    for given in (resolve(dict(CHILD, DISTENV_NPROC_PER_NODE="4")), resolve(CHILD, nproc_per_node=4)):
+    for given in (resolve(dict(CHILD, DISTENV_NPROC_PER_NODE="4")), resolve(CHILD, nproc_per_node=4),
+                  resolve(dict(CHILD, DISTENV_NPROC_PER_NODE=" 4")), resolve(CHILD, nproc_per_node="4")):
         assert (given.nproc_per_node, given.world_size, given.local_world_size) == (4, 8, 4)
+        assert not any("--nproc-per-node" in n for n in given.notes)
     # one worker per node given: the node is the worker
     one = resolve(CHILD, nproc_per_node=1)
     assert (one.launch, one.rank, one.world_size) == ("per-process", 1, 2)
-    # a word is a rule each node applies to its own GPUs: no count the nodes share
-    for word in ("gpu", "auto"):
-        assert resolve(dict(CHILD, DISTENV_NPROC_PER_NODE=word)).nproc_per_node is None
-        assert resolve(CHILD, nproc_per_node=word).world_size is None
+    # a rule the user gives (one per GPU) is theirs to give: each node applies it to its own
+    assert resolve(dict(CHILD, DISTENV_NPROC_PER_NODE="gpu")).nproc_per_node == 8
     # no GPU here is no proof either (another node group may have some)
     none = resolve(dict(CHILD, CUDA_VISIBLE_DEVICES=""))
     assert none.rank is None and none.world_size is None
+    # values given to resolve() stay (review: a rollback once dropped them)
+    kept = resolve(CHILD, world_size=16, local_world_size=8, rank=9, local_rank=1)
+    assert (kept.world_size, kept.local_world_size, kept.rank, kept.local_rank) == (16, 8, 9, 1)
     # one node: nothing to differ from, the resolver's default stands
     alone = resolve(node(0, 0, 1))
     assert (alone.nproc_per_node, alone.world_size, alone.master_addr) == (8, 8, "127.0.0.1")
+
+
+def test_a_worker_the_command_started_itself_is_described_by_its_torch_variables(no_gpus):
+    worker = dict(CHILD, RANK="11", LOCAL_RANK="3", WORLD_SIZE="16", LOCAL_WORLD_SIZE="8",
+                  MASTER_ADDR="10.0.7.21", MASTER_PORT="29500")
+    got = resolve(worker)
+    assert (got.launcher, got.launch, got.rank, got.local_rank, got.world_size) == ("env", "per-process", 11, 3, 16)
+    # ... and torch variables that contradict each other are an error, not dropped
+    with pytest.raises(DistEnvError, match="rank=99"):
+        resolve(dict(worker, RANK="99", WORLD_SIZE="7"))
+
+
+def test_the_main_node_s_address_is_asked_on_the_main_node_only(no_gpus):
+    main = resolve(MAIN)
+    assert main.master_addr is None and any("on the main node only" in n for n in main.notes)
+    given = resolve(dict(MAIN, MASTER_ADDR="10.0.7.30"))
+    assert given.master_addr == "10.0.7.30" and given.node_rank == 0
+    assert not any("on the main node only" in n for n in resolve(CHILD).notes)
+    # a child node with a loopback master would wait on itself: the main node is another instance
+    for loop in ("127.0.0.1", "localhost"):
+        with pytest.raises(DistEnvError) as err:
+            resolve(dict(CHILD, MASTER_ADDR=loop))
+        assert "rank 0 runs on the main node" in str(err.value) and "unset MASTER_ADDR" in err.value.fix
 
 
 @pytest.mark.parametrize("change, words", [
@@ -74,6 +100,10 @@ def test_the_workers_per_node_are_a_count_given_never_this_node_s_gpus(fake_gpus
     ({"AWS_BATCH_JOB_MAIN_NODE_INDEX": "5"}, "AWS_BATCH_JOB_MAIN_NODE_INDEX=5 is not below"),
     ({"AWS_BATCH_JOB_NUM_NODES": "0"}, "AWS_BATCH_JOB_NUM_NODES"),
     ({"AWS_BATCH_JOB_NODE_INDEX": "one"}, "AWS_BATCH_JOB_NODE_INDEX"),
+    # AWS Batch sets these on every node (a starter that dropped one: no guess at the rest)
+    ({"AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": ""}, "is not set on node index 1, a child node"),
+    ({"AWS_BATCH_JOB_MAIN_NODE_INDEX": ""}, "AWS_BATCH_JOB_MAIN_NODE_INDEX is not set"),
+    ({"AWS_BATCH_JOB_NUM_NODES": ""}, "AWS_BATCH_JOB_NUM_NODES is not set"),
 ])
 def test_bad_input_is_one_line_with_a_fix(no_gpus, change, words):
     with pytest.raises(DistEnvError) as err:
