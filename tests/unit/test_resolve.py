@@ -9,7 +9,7 @@ import os
 import pytest
 
 from distenv import DistEnvError, resolve
-from envs import PLATFORM_CASES, ompi, platform_source, slurm_task
+from envs import PLATFORM_CASES, ompi, platform_case, platform_source, slurm_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = sorted(glob.glob(os.path.join(HERE, "..", "fixtures", "platforms", "*.json")))
@@ -180,3 +180,16 @@ def test_every_unknown_field_of_every_documented_and_recorded_case_has_a_note():
                 missing.append((name, field, env.notes))
     assert seen > 20, "the fixtures must include unknown fields for this test to mean anything"
     assert not missing, missing
+
+
+@pytest.mark.parametrize("given", [dict(nproc_per_node=2, world_size=16),
+                                   dict(nproc_per_node=1, rank=5, world_size=9),
+                                   dict(nproc_per_node=2, local_world_size=4)])
+def test_a_value_given_to_resolve_that_the_workers_per_node_contradict_is_an_error(no_gpus, given):
+    # (second review of the AWS Batch source: they were replaced without a word, also under SkyPilot)
+    node = platform_case("skypilot_2x4_node1")["env"]
+    with pytest.raises(DistEnvError) as err:
+        resolve(node, **given)
+    assert "(given to resolve()) contradicts" in str(err.value) and "\n" not in str(err.value)
+    agreeing = {k: v for k, v in given.items() if k == "nproc_per_node"}
+    assert resolve(node, **agreeing).nproc_per_node == given["nproc_per_node"]

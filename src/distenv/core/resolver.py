@@ -3,7 +3,8 @@
 Order of work:
 1. choose the launcher (DISTENV_LAUNCHER or the first matching registry entry);
 2. let it read its variables, and let the platform (Azure ML, SageMaker, ...) fill gaps;
-3. apply explicit keyword arguments (they win over everything);
+3. apply explicit keyword arguments (they win over the launch's variables; what the workers
+   per node then contradict is an error);
 4. settle per-node launches (how many workers per node);
 5. derive what follows for certain (one node -> node rank 0, loopback master, ...);
 6. pick the master port by the documented rule (`distenv.core.ports`);
@@ -49,9 +50,9 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     """Describe this process's place in a distributed launch.
 
     `environ` is any mapping (default: ``os.environ``); it is only read. Keyword
-    arguments named like `DistEnv` fields win over everything (``launcher=`` forces a
+    arguments named like `DistEnv` fields win over the environment (``launcher=`` forces a
     source, like DISTENV_LAUNCHER). Raises `DistEnvError` when the environment is
-    malformed or contradictory.
+    malformed or contradictory, or a keyword argument contradicts the workers per node.
     """
     env = os.environ if environ is None else environ
     if type(env) is dict:
@@ -77,6 +78,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
 
     _per_node(env, r, source, overrides.get("nproc_per_node"))
     _derive(r)
+    _kept(r, overrides)
     source.after(env, r)
     _master(env, r, source, overrides)
     _check_canonical(env, r, source, overrides)
@@ -414,6 +416,20 @@ def _platform_source(r: Reading) -> "Source | None":
         if entry.name == name:
             return entry.load()
     return None
+
+
+def _kept(r: Reading, overrides: "dict[str, Any]") -> None:
+    """Keyword arguments win over the launch's variables, but not over what follows from the
+    workers per node (world = nodes x workers, a node of one worker is that worker): a value
+    the per-node step changed contradicts the call, an error, never silently replaced."""
+    for field, value in overrides.items():
+        if field != "nproc_per_node" and r.values.get(field) != value:
+            why = r.why.get(field, "a per-node launch: the workers are yet to start")
+            if why == "given to resolve()":  # the per-node step took it from nproc_per_node=
+                why = f"nproc_per_node={r.values.get('nproc_per_node')}, given to resolve()"
+            raise DistEnvError(
+                f"{field}={show(repr(value))[1:-1]} (given to resolve()) contradicts {field}="
+                f"{r.values.get(field)} ({why}). Fix: drop {field}= from the call, or make it agree.")
 
 
 # -- 5. what follows for certain ---------------------------------------------------------

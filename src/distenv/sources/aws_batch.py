@@ -35,8 +35,8 @@ job_id           the same
 Errors (one line, with a Fix): the node count or main node index missing, either index not
 below the node count; a child node without the main node's address (AWS Batch sets it on every
 one: a starter dropped it); a loopback MASTER_ADDR on a child node (the main node is another
-instance). A process with RANK or LOCAL_RANK is a worker the job's command started itself: the
-plain source reads it.
+instance); RANK or LOCAL_RANK in a process no launcher distenv knows started (a worker started
+by hand, or a stale variable: either would train apart from the other nodes).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ MAIN_IP = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
 #: Where the main node's own address comes from: only there, since the child nodes have theirs.
 ON_MAIN = (f"on the main node only (where {MAIN_IP} is unset), set MASTER_ADDR to its private "
            "IPv4 address")
-LOOPBACK = ("127.", "localhost", "::1")
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 REQUIRED = ("AWS_BATCH_JOB_NUM_NODES", "AWS_BATCH_JOB_MAIN_NODE_INDEX")
 
 
@@ -71,12 +71,15 @@ class AwsBatch(Source):
                         f"address ({MAIN_IP}) to the child nodes only Fix: {ON_MAIN}"),
         unknown_fix="give what the notes above name (AWS Batch does not say them)")
 
-    def detect(self, env: "Env") -> bool:
-        """Not a process the job's command started as a worker itself (RANK, LOCAL_RANK): the
-        torch variables describe that one (the plain source), not AWS Batch's per-node one."""
-        return "RANK" not in env and "LOCAL_RANK" not in env
-
     def read(self, env: "Env", r: "Reading") -> None:
+        for var in ("RANK", "LOCAL_RANK"):
+            if var in env:  # no launcher distenv knows started it (theirs come first)
+                raise DistEnvError(
+                    f"{var}={show(env[var])} is set in a process of AWS Batch's job, which AWS Batch "
+                    "starts once per node: a worker the job's command started by hand, or a stale "
+                    f"variable (an image's ENV)? Either would train apart from the other nodes. Fix: "
+                    f"unset {var} and start the workers with distenv run --nproc-per-node N (or "
+                    "torchrun).")
         r.launch = PER_NODE
         r.set("launcher", self.name, "AWS_BATCH_JOB_NODE_INDEX: AWS Batch started the job's "
                                      "container once on each node")
@@ -103,7 +106,7 @@ class AwsBatch(Source):
             raise DistEnvError(f"{MAIN_IP} is not set on node index {index}, a child node (the main "
                                f"node's index is {main}): AWS Batch sets it on every child node. {FIX}")
         given = (env.get("MASTER_ADDR") or "").strip()
-        if addr and given != addr and given.lower().startswith(LOOPBACK):
+        if addr and given != addr and _loopback(given):
             raise DistEnvError(
                 f"MASTER_ADDR={show(given)} is this node's loopback, but rank 0 runs on the main "
                 f"node, another instance ({MAIN_IP}={addr}). Fix: unset MASTER_ADDR on the child "
@@ -111,13 +114,31 @@ class AwsBatch(Source):
         if addr:
             r.set("master_addr", addr, f"{MAIN_IP} (the main node, node rank 0, where rank 0 runs)")
             r.addr_explicit = True
-        elif count != 1:
-            r.notes.append(f"rank 0's address is unknown: this is the main node, and AWS Batch gives "
-                           f"its address to the child nodes only. Fix: {ON_MAIN}")
         job = (env.get("AWS_BATCH_JOB_ID") or "").partition("#")[0].strip()
         if job:
             r.set("job_id", job, "AWS_BATCH_JOB_ID (up to '#': the job's, not the node's)")
             r.port_key = "aws_batch:" + job
+
+    def after(self, env: "Env", r: "Reading") -> None:
+        """The main node's note, unless its address was given (MASTER_ADDR, resolve())."""
+        if r.get("master_addr") is None and not env.get("MASTER_ADDR") and r.get("num_nodes") != 1:
+            r.notes.append(f"rank 0's address is unknown: this is the main node, and AWS Batch gives "
+                           f"its address to the child nodes only. Fix: {ON_MAIN}")
+
+
+def _loopback(host: str) -> bool:
+    """An address or name that leads back to this host (or to any: 0.0.0.0)."""
+    import ipaddress
+
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        ip = ipaddress.ip_address(name.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or ip.is_unspecified or bool(mapped and (mapped.is_loopback or mapped.is_unspecified))
 
 
 SOURCE = AwsBatch()

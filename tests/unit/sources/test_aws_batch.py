@@ -72,14 +72,15 @@ def test_the_workers_per_node_are_what_the_user_gives_never_this_node_s_gpus(fak
     assert (alone.nproc_per_node, alone.world_size, alone.master_addr) == (8, 8, "127.0.0.1")
 
 
-def test_a_worker_the_command_started_itself_is_described_by_its_torch_variables(no_gpus):
-    worker = dict(CHILD, RANK="11", LOCAL_RANK="3", WORLD_SIZE="16", LOCAL_WORLD_SIZE="8",
-                  MASTER_ADDR="10.0.7.21", MASTER_PORT="29500")
-    got = resolve(worker)
-    assert (got.launcher, got.launch, got.rank, got.local_rank, got.world_size) == ("env", "per-process", 11, 3, 16)
-    # ... and torch variables that contradict each other are an error, not dropped
-    with pytest.raises(DistEnvError, match="rank=99"):
-        resolve(dict(worker, RANK="99", WORLD_SIZE="7"))
+def test_torch_variables_no_launcher_set_are_an_error_never_a_job_of_one(no_gpus):
+    # a worker started by hand, or an image's stale ENV: deferring to the torch variables once
+    # made LOCAL_RANK=0 alone a single process, every node training apart (second review)
+    for extra in ({"LOCAL_RANK": "0"}, {"RANK": "0", "WORLD_SIZE": "1"},
+                  {"RANK": "11", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8",
+                   "MASTER_ADDR": "10.0.7.21"}):
+        with pytest.raises(DistEnvError) as err:
+            resolve(dict(CHILD, **extra))
+        assert "apart from the other nodes" in str(err.value) and "distenv run" in err.value.fix
 
 
 def test_the_main_node_s_address_is_asked_on_the_main_node_only(no_gpus):
@@ -87,12 +88,19 @@ def test_the_main_node_s_address_is_asked_on_the_main_node_only(no_gpus):
     assert main.master_addr is None and any("on the main node only" in n for n in main.notes)
     given = resolve(dict(MAIN, MASTER_ADDR="10.0.7.30"))
     assert given.master_addr == "10.0.7.30" and given.node_rank == 0
+    # once given, no note asks for it (second review: the note stayed)
+    for env in (given, resolve(MAIN, master_addr="10.0.7.30")):
+        assert not any("on the main node only" in n for n in env.notes), env.notes
     assert not any("on the main node only" in n for n in resolve(CHILD).notes)
     # a child node with a loopback master would wait on itself: the main node is another instance
-    for loop in ("127.0.0.1", "localhost"):
+    for loop in ("127.0.0.1", "localhost", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1",
+                 "ip6-localhost", "0.0.0.0", "127.1.2.3"):
         with pytest.raises(DistEnvError) as err:
             resolve(dict(CHILD, MASTER_ADDR=loop))
         assert "rank 0 runs on the main node" in str(err.value) and "unset MASTER_ADDR" in err.value.fix
+    # another address (of the main node, perhaps) is taken, with a note; "::10.0.7.21" is no loopback
+    for other in ("::10.0.7.21", "10.0.7.22", "main.example"):
+        assert resolve(dict(CHILD, MASTER_ADDR=other)).master_addr == other
 
 
 @pytest.mark.parametrize("change, words", [
