@@ -1,9 +1,5 @@
-"""Typing: `mypy --strict` (pyproject's [tool.mypy]) is clean on the modules listed in TYPED,
-and a user's code gets a narrowing path from ``int | None`` to ``int``.
-
-TYPED lists every module of src/distenv (`test_every_module_is_typed` keeps it so): a new module
-joins when `mypy --strict` reports nothing in it.
-"""
+"""Typing: `mypy --strict` (pyproject's [tool.mypy]) is clean on every module of src/distenv,
+and a user's code gets a narrowing path from ``int | None`` to ``int``."""
 
 import importlib.util
 import os
@@ -17,94 +13,9 @@ from packaging_util import ROOT, missing
 
 SRC = os.path.join(ROOT, "src", "distenv")
 
-TYPED = (
-    "__init__.py",
-    "core/_error.py",
-    "discovery/handoff.py",
-    "discovery/holder.py",
-    "__main__.py",
-    "_autostart.py",
-    "bringup/teardown.py",
-    "auto.py",
-    "bringup/__init__.py",
-    "core/__init__.py",
-    "core/checked.py",
-    "cli.py",
-    "deepspeed.py",
-    "discovery/apinfo.py",
-    "core/description.py",
-    "discovery/__init__.py",
-    "discovery/apply.py",
-    "discovery/chain.py",
-    "discovery/containers.py",
-    "discovery/door.py",
-    "discovery/services.py",
-    "display.py",
-    "doctor/__init__.py",
-    "doctor/autocheck.py",
-    "doctor/checks.py",
-    "doctor/network.py",
-    "doctor/report.py",
-    "doctor/system.py",
-    "doctor/versioninfo.py",
-    "errors.py",
-    "core/export.py",
-    "core/fields.py",
-    "core/gpus.py",
-    "horovod.py",
-    "core/hostlist.py",
-    "jax.py",
-    "keras.py",
-    "knobs.py",
-    "lightning.py",
-    "log.py",
-    "nodemap.py",
-    "core/placement.py",
-    "discovery/pmi.py",
-    "discovery/pmix.py",
-    "discovery/pmix_relay.py",
-    "core/ports.py",
-    "bringup/master.py",
-    "bringup/preflight.py",
-    "core/reading.py",
-    "core/redact.py",
-    "core/resolver.py",
-    "run.py",
-    "torch.py",
-    "transformers.py",
-    "sources/__init__.py",
-    "sources/_common.py",
-    "sources/azureml.py",
-    "sources/deepspeed.py",
-    "sources/dstack.py",
-    "sources/flux.py",
-    "sources/gcp.py",
-    "sources/gke_tpu.py",
-    "sources/horovodrun.py",
-    "sources/ray.py",
-    "sources/hydra.py",
-    "sources/k8s_job.py",
-    "sources/kubeflow.py",
-    "sources/lightning_node.py",
-    "sources/lsf.py",
-    "sources/mvapich2.py",
-    "sources/openmpi.py",
-    "sources/pals.py",
-    "sources/plain.py",
-    "sources/sagemaker.py",
-    "sources/skypilot.py",
-    "sources/single.py",
-    "sources/slurm.py",
-    "sources/tfconfig.py",
-    "sources/torchrun.py",
-    "tensorflow/__init__.py",
-    "tensorflow/cluster.py",
-    "tensorflow/devices.py",
-    "tensorflow/keras_check.py",
-    "tensorflow/preflight.py",
-    "tensorflow/strategies.py",
-    "tensorflow/zero_code.py",
-)
+#: Every module of src/distenv (all are typed: a new one, a launcher's say, needs no line here).
+TYPED = sorted(os.path.relpath(os.path.join(d, f), SRC).replace(os.sep, "/")
+               for d, _, files in os.walk(SRC) for f in files if f.endswith(".py"))
 
 
 def mypy(*args, cwd=ROOT):
@@ -117,8 +28,8 @@ def mypy(*args, cwd=ROOT):
 
 
 def test_typed_modules_pass_mypy_strict():
+    assert "core/resolver.py" in TYPED and len(TYPED) > 50, TYPED  # the package, not another folder
     paths = [os.path.join(SRC, m) for m in TYPED]
-    assert all(os.path.isfile(p) for p in paths), [p for p in paths if not os.path.isfile(p)]
     # follow-imports=silent: the modules they import are analysed (their types count) but only
     # the listed ones must be free of errors.
     p = mypy("--follow-imports=silent", *paths)
@@ -152,9 +63,3 @@ def test_the_narrowing_path(tmp_path):
     assert p.returncode == 1 and 'bad.py:3: error: Incompatible types in assignment (expression has ' \
         'type "int | None", variable has type "int")' in p.stdout, p.stdout + p.stderr
 
-
-def test_every_module_is_typed():
-    """src/distenv is clean under mypy --strict as a whole: no module is left out of TYPED."""
-    found = sorted(os.path.relpath(os.path.join(d, f), SRC).replace(os.sep, "/")
-                   for d, _, files in os.walk(SRC) for f in files if f.endswith(".py"))
-    assert sorted(TYPED) == found
