@@ -425,7 +425,7 @@ def _kept(r: Reading, overrides: "dict[str, Any]") -> None:
     for field, value in overrides.items():
         if field != "nproc_per_node" and r.values.get(field) != value:
             why = r.why.get(field, "a per-node launch: the workers are yet to start")
-            if why == "given to resolve()":  # the per-node step took it from nproc_per_node=
+            if "nproc_per_node" in overrides and why == r.why.get("nproc_per_node"):
                 why = f"nproc_per_node={r.values.get('nproc_per_node')}, given to resolve()"
             raise DistEnvError(
                 f"{field}={show(repr(value))[1:-1]} (given to resolve()) contradicts {field}="

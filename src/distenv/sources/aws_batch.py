@@ -106,7 +106,7 @@ class AwsBatch(Source):
             raise DistEnvError(f"{MAIN_IP} is not set on node index {index}, a child node (the main "
                                f"node's index is {main}): AWS Batch sets it on every child node. {FIX}")
         given = (env.get("MASTER_ADDR") or "").strip()
-        if addr and given != addr and _loopback(given):
+        if addr and given and given != addr and _loopback(given):  # ipaddress only when one is given
             raise DistEnvError(
                 f"MASTER_ADDR={show(given)} is this node's loopback, but rank 0 runs on the main "
                 f"node, another instance ({MAIN_IP}={addr}). Fix: unset MASTER_ADDR on the child "

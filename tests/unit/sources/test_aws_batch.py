@@ -2,6 +2,7 @@
 from the AWS Batch User Guide (tests/fixtures/platforms/aws_batch_*.json); the two-node training
 run is in ../test_run_rented_nodes.py."""
 
+import json
 import os
 import subprocess
 import sys
@@ -122,6 +123,18 @@ def test_bad_input_is_one_line_with_a_fix(no_gpus, change, words):
 def test_torchrun_inside_the_container_describes_its_worker(no_gpus):
     worker = resolve({**CHILD, **torchrun(2, nodes=2, nproc=4, addr="10.0.7.21")})
     assert (worker.launcher, worker.rank) == ("torchrun", 2)
+
+
+def test_a_child_node_s_resolve_imports_nothing_more_without_a_master_address_given():
+    # the loopback check parses an address only when MASTER_ADDR is given (review of the diff:
+    # every child node's resolve() imported ipaddress for an empty string)
+    code = ("import sys, json, distenv; env = json.loads(sys.argv[1]); before = set(sys.modules); "
+            "distenv.resolve(env, nproc_per_node=2); print(sorted(set(sys.modules) - before))")
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(CHILD)], capture_output=True, text=True,
+                       env={"PYTHONPATH": os.path.abspath(SRC), "PATH": os.environ.get("PATH", "")},
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "ipaddress" not in p.stdout and "distenv.sources.aws_batch" in p.stdout, p.stdout
 
 
 def _run(env, *args):
