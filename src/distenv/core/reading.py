@@ -6,7 +6,7 @@ from ._error import DistEnvError
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
     #: What sources read: os.environ or any mapping of variable names to values.
@@ -72,6 +72,27 @@ def get_int(env: "Env", name: str, who: str = "", minimum: int = 0) -> "int | No
     if raw is None:
         return None
     return parse_int(raw, name, who, minimum)
+
+
+def read_counts(env: "Env", r: Reading, who: str, rank: str, size: str,
+                local_rank: "str | None" = None, local_size: "str | None" = None) -> None:
+    """The four numbers most launchers give, each recorded with its variable."""
+    r.int_from(env, "rank", rank, who)
+    r.int_from(env, "world_size", size, who, minimum=1)
+    if local_rank:
+        r.int_from(env, "local_rank", local_rank, who)
+    if local_size:
+        r.int_from(env, "local_world_size", local_size, who, minimum=1)
+
+
+def first_int(env: "Env", names: "Iterable[str]", who: str = ""
+              ) -> "tuple[int, str] | tuple[None, None]":
+    """(value, name) of the first variable present among `names`."""
+    for name in names:
+        value = get_int(env, name, who)
+        if value is not None:
+            return value, name
+    return None, None
 
 
 def parse_json(raw: str, name: str) -> Any:

@@ -1,4 +1,6 @@
-"""Helpers shared by sources (kept tiny: each source stays readable on its own).
+"""Helpers shared by platform sources (kept tiny: each source stays readable on its own; the
+counts most launchers give are `core.reading.read_counts`, which the MPI and torch sources
+use without importing this module).
 
 block_layout's proof is the calling platform's documented layout (docs/inferences.md);
 address_lines reads the node lists SkyPilot and dstack document (line k: node rank k);
@@ -17,32 +19,10 @@ from . import Source, names_of
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from typing import Any
 
     from ..core.description import Later
     from ..core.reading import Env
-
-
-def read_counts(env: "Env", r: Reading, who: str, rank: str, size: str,
-                local_rank: "str | None" = None, local_size: "str | None" = None) -> None:
-    """The four numbers most launchers give, each recorded with its variable."""
-    r.int_from(env, "rank", rank, who)
-    r.int_from(env, "world_size", size, who, minimum=1)
-    if local_rank:
-        r.int_from(env, "local_rank", local_rank, who)
-    if local_size:
-        r.int_from(env, "local_world_size", local_size, who, minimum=1)
-
-
-def first_int(env: "Env", names: "Iterable[str]", who: str = ""
-              ) -> "tuple[int, str] | tuple[None, None]":
-    """(value, name) of the first variable present among `names`."""
-    for name in names:
-        value = get_int(env, name, who)
-        if value is not None:
-            return value, name
-    return None, None
 
 
 def block_layout(r: Reading, why: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..core.description import PER_PROCESS
 from . import Doctor, Source
-from ._common import read_counts
+from ..core.reading import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:

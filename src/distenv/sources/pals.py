@@ -44,7 +44,7 @@ from __future__ import annotations
 from ..core.description import PER_PROCESS, Note
 from ..errors import DistEnvError
 from . import Doctor, Launch, PassOn, Services, Source
-from ._common import first_int
+from ..core.reading import first_int
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from ..errors import DistEnvError
 from ..knobs import LAUNCHER
 from ..core.reading import get_int
 from . import Launch, Source
-from ._common import read_counts
+from ..core.reading import read_counts
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
