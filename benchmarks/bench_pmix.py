@@ -13,6 +13,16 @@ without the query ("bare"): its `MPI_Init` is what the query is compared with. A
 entered it to the moment the last rank left it (CLOCK_MONOTONIC is one clock for every
 process of a machine). Issue 20's goal: at 64 ranks the query within MPI_Init + 50 ms.
 
+Imports (``import distenv``) happen before the clock starts, and so does the collection debt
+the interpreter's start leaves (``gc.collect()`` in both arms; ``--unsettled`` leaves it):
+Python's start leaves some 5 000 objects in the collector's middle generation with its counter
+past the threshold (``gc.get_count()`` after ``import ctypes, distenv``: (109, 11, 0)), so the
+first ~700 allocations of any program pay a collection of all of them -- measured in a rank
+under Open MPI 4: one generation-1 collection, 0.5 ms, nothing collected, inside the query
+because the query is the bench's first Python code after the imports. A training script pays
+it long before (importing torch allocates millions); `bare` never allocates, so without this
+the query alone carried the start's debt (about a tenth of its CPU time).
+
 Open MPI 5: the query runs in a child process (a fork of the rank, which is one thread here)
 whose connection the rank relays (`distenv.discovery.pmix_relay`, docs/discovery.md);
 `stress_pmix.py` counts how often MPI_Init after it fails, with and without the relay. Open MPI
@@ -38,11 +48,13 @@ LAUNCHERS = {
 }
 
 RANK = r'''
-import ctypes, json, sys, time
+import ctypes, gc, json, sys, time
 m = ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
 query = sys.argv[3] == "query"
 if query:
     import distenv
+if sys.argv[4] == "settled":
+    gc.collect()  # the interpreter start's collection debt, paid before the clock (module doc)
 t0 = time.monotonic()
 env = distenv.discover(method="pmix") if query else None
 t1 = time.monotonic()
@@ -66,9 +78,10 @@ sys.stdout.flush()
 
 def one_run(launcher: str, np_: int, extra: "dict[str, str] | None" = None,
             limit: int = 600, starter: "list[str] | tuple[str, ...]" = (),
-            query: bool = True) -> "dict | str":
+            query: bool = True, settled: bool = True) -> "dict | str":
     """The run's figures, or why it failed (`extra`: variables passed to every rank; `limit`:
-    seconds before the job counts as hung; not `query`: a bare MPI_Init, nothing before it)."""
+    seconds before the job counts as hung; not `query`: a bare MPI_Init, nothing before it;
+    not `settled`: the interpreter start's collection debt left to whatever allocates first)."""
     argv, libmpi = LAUNCHERS[launcher]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "MPI_LOCAL", "HYDRA_", "I_MPI_", "OMPI_", "PMIX_", "PRTE_"))
@@ -78,7 +91,7 @@ def one_run(launcher: str, np_: int, extra: "dict[str, str] | None" = None,
     passed = [a for k in ("PYTHONPATH", *(extra or {})) for a in ("-x", k)]
     cmd = ["timeout", "-k", "5", str(limit), *argv, "--allow-run-as-root", "--oversubscribe",
            *passed, "-np", str(np_), *starter, sys.executable, "-c", RANK, MARK, libmpi,
-           "query" if query else "bare"]
+           "query" if query else "bare", "settled" if settled else "unsettled"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit + 60)
     records = marked(p.stdout, MARK)
     want = np_ * (np_ + 1) // 2
@@ -99,6 +112,9 @@ def main() -> int:
     ap.add_argument("--launcher", choices=sorted(LAUNCHERS), default="openmpi4")
     ap.add_argument("--starter", choices=sorted(STARTERS),
                     help="also every rank behind this container starter, in the same rounds")
+    ap.add_argument("--unsettled", action="store_true",
+                    help="leave the interpreter start's garbage-collection debt to the query "
+                         "(the measure before 2026-12-07; module doc)")
     a = ap.parse_args()
     sizes = [int(n) for n in a.np.split(",")]
     # "bare": the same job with no query before MPI_Init -- the goal's denominator. Under Open
@@ -114,7 +130,7 @@ def main() -> int:
             for arm in (arms if n % 2 == 0 else arms[::-1]):
                 load0 = os.getloadavg()[0]
                 r = one_run(a.launcher, np_, extra, starter=STARTERS.get(arm, ()),
-                            query=arm != "bare")
+                            query=arm != "bare", settled=not a.unsettled)
                 if isinstance(r, str):
                     raise SystemExit(f"{np_} ranks, {arm}, run {n + 1} failed: {r}")
                 results[arm].append(r)
@@ -126,7 +142,8 @@ def main() -> int:
         for arm in arms[1:]:
             q = statistics.median(r["query"] for r in results[arm])
             after = statistics.median(r["mpi_init"] for r in results[arm])
-            print(f"{a.launcher}, {np_} ranks on {os.cpu_count()} cores, {arm}, median of "
+            print(f"{a.launcher}, {np_} ranks on {os.cpu_count()} cores, {arm}"
+                  f"{' (unsettled)' if a.unsettled else ''}, median of "
                   f"{a.runs}: PMIx query {q * 1e3:.1f} ms, bare MPI_Init {bare * 1e3:.1f} ms: "
                   f"ratio {q / bare:.2f} (goal: <= 0.2x; {'met' if q <= 0.2 * bare else 'not met'})"
                   f"; MPI_Init after the query {after * 1e3:.1f} ms (the query's ratio to it "
