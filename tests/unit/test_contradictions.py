@@ -219,3 +219,47 @@ def test_local_rank_beyond_the_world_is_an_error(env):
     (it used to resolve, and would have picked GPU 3)."""
     with pytest.raises(DistEnvError, match=r"local_rank=3 \(LOCAL_RANK=3\) must be below world_size=1"):
         resolve(env)
+
+
+# -- the counts must describe one layout (review, 2026-12-07: each returned a wrong value) ------
+def _recorded(layout, rank):
+    from envs import recorded
+
+    return recorded(layout, rank)
+
+
+@pytest.mark.parametrize("extra, kwargs, words", [
+    # a node count of 1 on the second node's rank made the loopback its master
+    ({"OMPI_MCA_orte_num_nodes": "1"}, {}, "num_nodes=1 (OMPI_MCA_orte_num_nodes=1) but local_world_size=2"),
+    ({}, {"num_nodes": 1}, "num_nodes=1 (given to resolve()) but local_world_size=2"),
+    ({}, {"num_nodes": 4}, "leaves 2 of world_size=4 (OMPI_COMM_WORLD_SIZE=4) for the other 3"),
+    # the README's example of a keyword the workers per node contradict, in a per-process launch
+    ({}, {"world_size": 16, "nproc_per_node": 2}, "world_size=16 (given to resolve()) is not num_nodes=2"),
+])
+def test_counts_that_cannot_be_one_layout_are_an_error(extra, kwargs, words, no_gpus):
+    env = {**_recorded("cluster-openmpi4-2x2", 2), **extra}
+    with pytest.raises(DistEnvError) as err:
+        resolve(env, **kwargs)
+    assert words in str(err.value) and "Fix:" in str(err.value), err.value
+
+
+def test_torchrun_counts_that_cannot_be_one_layout_are_an_error(no_gpus):
+    env = {**torchrun(0, nodes=2, nproc=2, addr="n0"), "WORLD_SIZE": "6",
+           "TORCH_ELASTIC_WORKER_IDENTICAL": "1"}
+    with pytest.raises(DistEnvError, match=r"world_size=6 \(WORLD_SIZE=6\) is not num_nodes=2"):
+        resolve(env)
+    env.update(WORLD_SIZE="4", GROUP_WORLD_SIZE="1")
+    with pytest.raises(DistEnvError, match=r"num_nodes=1 \(GROUP_WORLD_SIZE=1\) but local_world_size=2"):
+        resolve(env)
+
+
+@pytest.mark.parametrize("how", ["keyword", "variable"])
+def test_workers_per_node_asked_of_a_per_process_launch_are_kept_and_checked(how, no_gpus):
+    def ask(env, n):
+        return resolve(env, nproc_per_node=n) if how == "keyword" else \
+            resolve({**env, "DISTENV_NPROC_PER_NODE": str(n)})
+
+    agreeing = ask(_recorded("cluster-openmpi4-2x2", 2), 2)
+    assert (agreeing.launch, agreeing.nproc_per_node, agreeing.world_size) == ("per-process", 2, 4)
+    with pytest.raises(DistEnvError, match=r"nproc_per_node=4 \(.*\) cannot exceed world_size=2 \(WORLD_SIZE=2\)"):
+        ask({"RANK": "1", "WORLD_SIZE": "2"}, 4)

@@ -336,6 +336,10 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
             # Asked for `want` workers per node, but this launcher already started its workers
             # (or describes this process as one): silently starting a different number is wrong.
             _contradicts_want(want_why, source, local, r)
+    if r.launch == PER_PROCESS and want is not None and source.name != "none":
+        # Asked for `want` per node, and this node runs as many (or does not say): recorded,
+        # so that a world size or node count it contradicts is an error (_check_counts).
+        r.default("nproc_per_node", want, str(want_why))
     if r.launch != PER_NODE:
         return
 
@@ -564,7 +568,7 @@ _LEAST = tuple((field, 1 if field in _POSITIVE else 0) for field in _COUNTS)
 _ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True),
           ("local_rank", "world_size", True),  # also where the local world size is unknown
           ("node_rank", "num_nodes", True), ("local_world_size", "world_size", False),
-          ("num_nodes", "world_size", False))
+          ("num_nodes", "world_size", False), ("nproc_per_node", "world_size", False))
 
 
 def _bad(text: str) -> "NoReturn":
@@ -588,6 +592,7 @@ def _check_invariants(r: Reading) -> None:
             if b is not None and (a >= b if strict else a > b):
                 relation = "must be below" if strict else "cannot exceed"
                 _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).")
+    _check_counts(get, why)
     hosts, nodes = get("hosts"), get("num_nodes")
     if hosts is not None and nodes is not None and len(hosts) != nodes:
         _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
@@ -596,6 +601,28 @@ def _check_invariants(r: Reading) -> None:
         problem = host_problem(addr, why.get("master_addr"))
         if problem:
             _bad(problem)
+
+
+def _check_counts(get: Any, why: "dict[str, Any]") -> None:
+    """The counts must describe one layout: world = nodes x workers per node (where every node
+    has as many), and the other nodes - 1 hold the world's other ranks, at least one each (a
+    node count is of nodes that run ranks: every source reads it so) -- else a node count of
+    1 on a rank with neighbours elsewhere would make the loopback its master."""
+    size, local, nodes, nproc = (get("world_size"), get("local_world_size"), get("num_nodes"),
+                                 get("nproc_per_node"))
+    if size is None or nodes is None:
+        return
+    if local is not None and nodes == 1 and local != size:
+        _bad(f"num_nodes=1 ({why.get('num_nodes')}) but local_world_size={local} "
+             f"({why.get('local_world_size')}) is not world_size={size} "
+             f"({why.get('world_size')}): one node holds every rank.")
+    if local is not None and (size - local < nodes - 1 or (nodes > 1 and size == local)):
+        _bad(f"local_world_size={local} ({why.get('local_world_size')}) leaves {size - local} "
+             f"of world_size={size} ({why.get('world_size')}) for the other {nodes - 1} of "
+             f"num_nodes={nodes} ({why.get('num_nodes')}), at least one rank on each.")
+    if nproc is not None and nodes * nproc != size:
+        _bad(f"world_size={size} ({why.get('world_size')}) is not num_nodes={nodes} "
+             f"({why.get('num_nodes')}) x nproc_per_node={nproc} ({why.get('nproc_per_node')}).")
 
 
 def host_problem(addr: object, why: object) -> "str | None":
