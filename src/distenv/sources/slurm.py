@@ -79,10 +79,10 @@ _INTS = (("rank", ("SLURM_PROCID",), 0),
 # Expanded host lists and task counts by their text: a process resolves its launch again and
 # again (every adapter asks), and the expansion is a pure function of the text. Bounded, so
 # a fuzzer cannot grow it; what is cached is immutable (tuples).
-_MEMO: "dict[tuple[str, str], Any]" = {}
+_MEMO: "dict[tuple[Any, ...], Any]" = {}
 
 
-def _remember(key: "tuple[str, str]", value: Any) -> Any:
+def _remember(key: "tuple[Any, ...]", value: Any) -> Any:
     if len(_MEMO) < 32:
         _MEMO[key] = value
     return value
@@ -104,8 +104,8 @@ HET_VARS = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
 
 
 def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
-                 counts: "Sequence[int] | None", gtids: "list[str] | None"
-                 ) -> "tuple[str, bool] | None":
+                 counts: "Sequence[int] | None", gtids: "list[str] | None",
+                 rank: "int | None" = None) -> "tuple[str, bool] | None":
     """Why SLURM_NODEID and the step's node list do not prove where task 0 runs and the
     node order by lowest rank: (reason, counts_usable), or None when they do.
 
@@ -129,7 +129,37 @@ def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
     if counts and gtids is not None and node < len(counts) and counts[node] != len(gtids):
         return (f"SLURM_GTIDS lists {len(gtids)} task(s) on this node but the tasks per node "
                 f"give node {node} {counts[node]}: a heterogeneous step (srun ... : ...)", False)
+    if rank is not None and counts:
+        # The distribution must place this task on its own node: task 0 on node 0 (the master
+        # rule) is that rule's consequence, so a task it places elsewhere disproves it -- a
+        # heterogeneous step's component (srun -w n3 : -w n1,n2) or a distribution unknown here.
+        name = distribution(dist)
+        placed = _node_of(rank, counts, name, env.get("SLURM_DIST_PLANESIZE"))
+        if placed is None:
+            return (f"SLURM_DISTRIBUTION={name} and the tasks per node do not place task {rank}: "
+                    "the node of each task cannot be derived", False)
+        if placed != node:
+            return (f"SLURM_DISTRIBUTION={name} places task {rank} on node {placed} but "
+                    f"SLURM_NODEID={node}: a heterogeneous step (srun ... : ...) or a distribution "
+                    "that does not follow the node list", False)
     return None
+
+
+def _node_of(rank: int, counts: "Sequence[int]", dist: str, plane: "str | None") -> "int | None":
+    """The node `dist` deals task `rank` to, or None (past the tasks, or no such rule)."""
+    if dist in _BLOCK:  # O(nodes) in C: resolve() runs this on every call
+        from bisect import bisect_right
+        from itertools import accumulate
+
+        ends = list(accumulate(counts))
+        return bisect_right(ends, rank) if rank < ends[-1] else None
+    try:
+        order = _MEMO.get(("order", tuple(counts), dist, plane))
+        if order is None:
+            order = _remember(("order", tuple(counts), dist, plane), tuple(task_nodes(counts, dist, plane)))
+    except DistEnvError:
+        return None
+    return order[rank] if rank < len(order) else None
 
 
 def heterogeneous(env: "Env") -> "str | None":
@@ -389,8 +419,16 @@ class Slurm(Source):
                     "SLURM placed on this node: the SLURM variables are mixed from two steps. "
                     + MIXED_FIX
                 )
+            local = found.get("local_rank")
+            if local is not None and (local >= len(gtids) or gtids[local] != str(rank)):
+                # slurmstepd lists the node's tasks by local id (every recorded srun task:
+                # tests/fixtures/launchers/*srun*)
+                raise DistEnvError(
+                    f"SLURM_LOCALID={local} but SLURM_GTIDS={gtids_text!r} gives local task "
+                    f"{local} another rank than SLURM_PROCID={rank}: the SLURM variables are "
+                    "mixed from two steps. " + MIXED_FIX)
 
-        doubt = layout_doubt(env, hosts, node, counts, gtids)
+        doubt = layout_doubt(env, hosts, node, counts, gtids, rank)
         if counts is not None:
             self._per_node(r, counts, cvar, node if doubt is None or doubt[1] else None)
         if gtids is not None:
@@ -419,6 +457,10 @@ class Slurm(Source):
     def _per_node(r: "Reading", counts: "tuple[int, ...]", var: str, node: "int | None") -> None:
         values, why = r.values, r.why
         nodes, size, n = values.get("num_nodes"), values.get("world_size"), len(counts)
+        if 0 in counts:
+            raise DistEnvError(f"{var} gives node {counts.index(0)} no task, but every node of "
+                               "a step runs one at least: the SLURM variables are inconsistent. "
+                               + MIXED_FIX)
         if nodes is not None and n != nodes:
             raise DistEnvError(
                 f"{var} lists {n} node(s) but {why['num_nodes']}: "

@@ -100,3 +100,37 @@ def test_an_arbitrary_step_without_a_plugin_names_the_plugins_that_place_it():
     assert said.startswith("discovery found no service of slurm to ask") and "--mpi=pmix" in said
     with_pmi2 = resolve({**env, "SLURM_MPI_TYPE": "pmi2"})
     assert any("call distenv.discover() (it asks the --mpi=pmi2 service)" in n for n in with_pmi2.notes)
+
+
+# -- the distribution must place the task on its own node (review, 2026-12-07) -------------------
+@pytest.mark.parametrize("procid, localid, nodeid, nodes, tpn, extra", [
+    # task 0 on node 1 of a block step: "task 0 on node 0" does not hold; it gave master node1
+    (0, 0, 1, "node[1-2]", "2(x2)", {"SLURMD_NODENAME": "node2", "SLURM_GTIDS": "0,1"}),
+    # one component of srun -w n3 : -w n1,n2 as it sees itself (written from the het-step signs)
+    (1, 0, 0, "node[1-3]", "1(x3)", {"SLURMD_NODENAME": "node1", "SLURM_GTIDS": "1"}),
+    # a distribution this module cannot deal: it gave the first host as master
+    (0, 0, 0, "node[1-2]", "2(x2)", {"SLURM_DISTRIBUTION": "bogus"}),
+])
+def test_a_task_its_distribution_does_not_place_on_its_node_has_no_master(procid, localid, nodeid,
+                                                                           nodes, tpn, extra):
+    ntasks = sum(int(c.split("(")[0]) * (int(c.split("x")[1].rstrip(")")) if "x" in c else 1)
+                 for c in tpn.split(","))
+    n = 3 if nodes.endswith("3]") else 2
+    env = resolve(slurm_task(procid, ntasks, localid, nodeid, n, nodes, tpn, **extra))
+    assert (env.master_addr, env.node_rank) == (None, None), env
+    assert any("SLURM_DISTRIBUTION=" in note and "Fix:" in note for note in env.notes), env.notes
+    with pytest.raises(DistEnvError, match="MASTER_ADDR"):
+        env.export({})
+
+
+@pytest.mark.parametrize("tpn, gtids, procid, localid, words", [
+    ("0,2", "0,1", 0, 0, "SLURM_STEP_TASKS_PER_NODE gives node 0 no task"),
+    ("2(x2)", "0,1", 1, 0, "SLURM_LOCALID=0 but SLURM_GTIDS='0,1' gives local task 0 another rank"),
+])
+def test_counts_and_local_ids_slurm_never_writes_are_an_error(tpn, gtids, procid, localid, words):
+    ntasks = 2 if tpn == "0,2" else 4
+    env = slurm_task(procid, ntasks, localid, 1 if tpn == "0,2" else 0, 2, "node[1-2]", tpn,
+                     SLURM_GTIDS=gtids)
+    with pytest.raises(DistEnvError) as err:
+        resolve(env)
+    assert words in str(err.value) and "Fix:" in str(err.value), err.value
