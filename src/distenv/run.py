@@ -274,6 +274,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
         if own:
             port_is_free(env)
         env.export(child)
+        _count_not_word(child, env)
         if style != "none" and env.local_rank is None:
             raise DistEnvError(f"--local-rank-arg {style}: the local rank is not known under "
                                f"{env.launcher} ({env.provenance.get('local_rank', 'not revealed')}). "
@@ -303,10 +304,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
     if own:
         port_is_free(env)
     env.export(child)
-    if knobs.NPROC_PER_NODE in child:
-        # The workers get the count, not the word ("gpu", "auto"): an adapter that narrows
-        # CUDA_VISIBLE_DEVICES to a worker's GPU would re-count 1 and contradict torchrun.
-        child[knobs.NPROC_PER_NODE] = str(env.nproc_per_node)
+    _count_not_word(child, env)
     python = _interpreter(cmd)
     if not _has_torch(python, child):
         raise DistEnvError(
@@ -345,6 +343,13 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
              "--rdzv-id", str(run_id), "--no-python",
              *with_local_rank(cmd, style, "${local_rank}")]
     return Plan(argv_, child, env, "torchrun", warnings)
+
+
+def _count_not_word(child: "dict[str, str]", env: Any) -> None:
+    """The command gets the count, not the word ("gpu", "auto"): an adapter that narrows
+    CUDA_VISIBLE_DEVICES to a worker's GPU would re-count 1 and contradict the launch."""
+    if knobs.NPROC_PER_NODE in child and env.nproc_per_node is not None:
+        child[knobs.NPROC_PER_NODE] = str(env.nproc_per_node)
 
 
 def main(argv: "Sequence[str] | None" = None) -> int:
@@ -394,8 +399,20 @@ def agent(args: "Sequence[str]") -> int:
     import logging
     import signal
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.run import main as torchrun
+    # A signal during torch's import (a second or more) is kept for after it: raised inside
+    # it, torch swallowed the KeyboardInterrupt and the workers started anyway (review).
+    arrived: "list[int]" = []
+    before = {sig: signal.signal(sig, lambda number, _frame: arrived.append(number))
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main as torchrun
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if arrived:
+        return _stopped(arrived[0])
 
     from .knobs import debug_asked
 
@@ -403,15 +420,38 @@ def agent(args: "Sequence[str]") -> int:
         for name in list(logging.root.manager.loggerDict):
             if name.startswith("torch.distributed"):
                 logging.getLogger(name).setLevel(logging.ERROR)
+        # its "failed (exitcode: ...)" for a failed worker: the one line below says it
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
         torchrun(list(args))
     except (SignalException, KeyboardInterrupt) as exc:
-        number = int(getattr(exc, "sigval", signal.SIGINT))
-        if number != signal.SIGINT:  # a Ctrl-C reached the workers too: each said so
-            sys.stderr.write(f"distenv run: stopped by {signal.Signals(number).name}; its "
-                             "workers were stopped too\n")
-        return 128 + number
+        return _stopped(int(getattr(exc, "sigval", signal.SIGINT)))
+    except ChildFailedError as exc:
+        # The failed worker printed its own error; torch's summary (a traceback of the agent,
+        # 35 lines) said nothing more. One line, and the worker's status as the node's.
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        what = (f"was killed by {failure.signal_name()}" if code < 0 else f"exited with status {code}")
+        sys.stderr.write(f"distenv run: worker {rank} (local rank {failure.local_rank}) {what}; "
+                         "the node's other workers were stopped\n")
+        return 128 - code if code < 0 else (code if 0 < code < 256 else 1)
+    except (FileNotFoundError, PermissionError) as exc:  # the command: not found, not executable
+        name = args[-1] if not exc.filename else exc.filename
+        sys.stderr.write(f"distenv run: error: cannot run {name}: {exc.strerror}. Fix: give "
+                         "the command's path, or install it on this node\n")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
     return 0
+
+
+def _stopped(number: int) -> int:
+    """The agent's end after a signal: 128 + its number; a line unless it was a Ctrl-C, which
+    reached every worker too (each said so)."""
+    import signal
+
+    if number != signal.SIGINT:
+        sys.stderr.write(f"distenv run: stopped by {signal.Signals(number).name}; its "
+                         "workers were stopped too\n")
+    return 128 + number
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pytest
 
 from distenv import knobs, resolve, run
 from distenv.errors import DistEnvError
-from envs import hydra_rank, ompi
+from envs import hydra_rank, ompi, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "scripts" / "run_worker.py"
@@ -589,3 +589,101 @@ def test_ctrl_c_ends_a_per_node_run_with_one_line_per_worker_and_no_process_left
     pids = [int((ready / r).read_text()) for r in os.listdir(ready)]
     time.sleep(0.5)
     assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a worker was left"
+
+
+# -- a failed worker (review, 2026-12-07: torch's 35-line traceback and status 1) ----------------
+FAILING_WORKER = """
+import os, signal, sys, time
+if os.environ["RANK"] == "1":
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how, status, words", [
+    ("exit", 3, "worker 1 (local rank 1) exited with status 3"),
+    ("kill", 137, "worker 1 (local rank 1) was killed by SIGKILL"),
+])
+def test_a_failed_worker_ends_the_node_in_one_line_with_its_status(tmp_path, how, status, words):
+    import subprocess
+
+    pytest.importorskip("torch")
+    script = tmp_path / "worker.py"
+    script.write_text(FAILING_WORKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_",
+           "SLURM_", "DISTENV_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                                "MASTER_PORT", "LOCAL_RANK")}
+    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "distenv"), "run",
+                        "--nproc-per-node", "2", "--", sys.executable, str(script), how],
+                       env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == status, (p.returncode, p.stderr)
+    assert len(lines) == 1 and words in lines[0], p.stderr
+
+
+def test_a_per_node_command_that_does_not_exist_is_one_line_and_127(tmp_path):
+    import subprocess
+
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_",
+           "SLURM_", "DISTENV_", "TORCHELASTIC_"))}
+    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "distenv"), "run",
+                        "--nproc-per-node", "2", "--", str(tmp_path / "no-such-command")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 127 and len(lines) == 1, (p.returncode, p.stderr)
+    assert "no-such-command" in lines[0] and "Fix:" in lines[0], p.stderr
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.6, 1.0])
+def test_ctrl_c_while_the_agent_imports_torch_still_stops_the_node(tmp_path, delay):
+    # review, 2026-12-07: a SIGINT inside torch's import was swallowed there, the workers then
+    # started and ran to their end (exit 0); any moment of the start must stop the node
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("torch")
+    script = tmp_path / "worker.py"
+    script.write_text(CTRL_C_WORKER.replace("300", "60"))
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_",
+           "SLURM_", "DISTENV_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                                "MASTER_PORT", "LOCAL_RANK")}
+    p = subprocess.Popen([sys.executable, "-m", "distenv", "run", "--nproc-per-node", "2", "--",
+                          sys.executable, str(script), str(ready)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGINT)
+        start = time.monotonic()
+        p.communicate(timeout=50)
+        took = time.monotonic() - start
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    pids = [int((ready / r).read_text()) for r in os.listdir(ready)]
+    left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert p.returncode == 130 and took < 30 and not left, (p.returncode, took, left)
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_plan_exec_gives_the_command_the_count_not_the_word(fake_gpus, how):
+    # review, 2026-12-07: the per-process branch passed "gpu" on, and a worker whose adapter
+    # narrowed CUDA_VISIBLE_DEVICES to its own GPU re-counted 1 against torchrun's 2
+    fake_gpus(2)
+    environ = torchrun(1, nodes=1, nproc=2)
+    argv = ["python", "t.py"]
+    if how == "flag":
+        argv = ["--nproc-per-node", "gpu", *argv]
+    else:
+        environ["DISTENV_NPROC_PER_NODE"] = "gpu"
+    p = run.plan(argv, environ)
+    assert p.mode == "exec" and p.environ["DISTENV_NPROC_PER_NODE"] == "2"
+    worker = {**p.environ, "CUDA_VISIBLE_DEVICES": "1", "DISTENV_GPU_SLICE": "1"}
+    assert (resolve(worker).rank, resolve(worker).nproc_per_node) == (1, 2)
