@@ -263,3 +263,12 @@ def test_workers_per_node_asked_of_a_per_process_launch_are_kept_and_checked(how
     assert (agreeing.launch, agreeing.nproc_per_node, agreeing.world_size) == ("per-process", 2, 4)
     with pytest.raises(DistEnvError, match=r"nproc_per_node=4 \(.*\) cannot exceed world_size=2 \(WORLD_SIZE=2\)"):
         ask({"RANK": "1", "WORLD_SIZE": "2"}, 4)
+
+
+@pytest.mark.parametrize("field, value", [("hosts", 5), ("rank_hosts", 5), ("hosts", "node1"),
+                                          ("hosts", ["a b"]), ("hosts", [])])
+def test_a_host_list_given_to_resolve_that_is_none_is_one_error(field, value):
+    # review, 2026-12-07: an int raised TypeError, a string became one host, "a b" passed
+    with pytest.raises(DistEnvError, match=rf"{field}=.* \(given to resolve\(\)\) is not a list of host names\. Fix:"):
+        resolve({}, **{field: value})
+    assert resolve({}, hosts=["node1"]).hosts == ("node1",)

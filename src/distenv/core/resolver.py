@@ -71,6 +71,9 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     r.owns, r.node_order = source.owns, source.launch.node_order  # what a platform overlay must respect
     _platform(env, r, source, overrides.pop("platform", None))
 
+    for field in ("hosts", "rank_hosts"):
+        if field in overrides:
+            overrides[field] = _host_names(field, overrides[field])
     for field, value in overrides.items():
         if field != "nproc_per_node":
             r.values[field] = value
@@ -100,6 +103,15 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
         record(env, r.values, r.why, r.launch == PER_NODE, (source, _platform_source(r)),
                r.hosts_by_node)
     return _build(r.values, r.why, r.notes)
+
+
+def _host_names(field: str, value: object) -> "tuple[str, ...]":
+    """resolve(hosts=[...]) and rank_hosts=: a list or tuple of host names, else one error
+    (an int raised TypeError, a string became one host, 'x y' passed)."""
+    if isinstance(value, (list, tuple)) and value and all(_is_host(h) for h in value):
+        return tuple(value)
+    raise DistEnvError(f"{field}={show(repr(value))[1:-1]} (given to resolve()) is not a list of host "
+                       f"names. Fix: pass {field}=['node1', 'node2', ...], or leave it out.")
 
 
 def rank_if_known(environ: "Mapping[str, str] | None" = None) -> "int | None":

@@ -129,7 +129,7 @@ def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
     if counts and gtids is not None and node < len(counts) and counts[node] != len(gtids):
         return (f"SLURM_GTIDS lists {len(gtids)} task(s) on this node but the tasks per node "
                 f"give node {node} {counts[node]}: a heterogeneous step (srun ... : ...)", False)
-    if rank is not None and counts:
+    if rank is not None and counts and node < len(counts):  # past the list: _per_node's error
         # The distribution must place this task on its own node: task 0 on node 0 (the master
         # rule) is that rule's consequence, so a task it places elsewhere disproves it -- a
         # heterogeneous step's component (srun -w n3 : -w n1,n2) or a distribution unknown here.
@@ -265,7 +265,7 @@ def rank_hosts(env: "Env", world_size: "int | None" = None, rank: "int | None" =
     nodeid = env.get("SLURM_NODEID") or ""
     gtids = env.get("SLURM_GTIDS")
     doubt = layout_doubt(env, hosts, int(nodeid) if nodeid.isdigit() else None, counts,
-                         gtids.split(",") if gtids else None)
+                         gtids.split(",") if gtids else None, rank)
     if doubt is not None:
         raise DistEnvError(doubt[0] + ". " + DOUBT_FIX)
     dist = distribution(env.get("SLURM_DISTRIBUTION"))

@@ -117,7 +117,7 @@ def test_a_task_its_distribution_does_not_place_on_its_node_has_no_master(procid
                  for c in tpn.split(","))
     n = 3 if nodes.endswith("3]") else 2
     env = resolve(slurm_task(procid, ntasks, localid, nodeid, n, nodes, tpn, **extra))
-    assert (env.master_addr, env.node_rank) == (None, None), env
+    assert (env.master_addr, env.node_rank, env.rank_hosts) == (None, None, None), env
     assert any("SLURM_DISTRIBUTION=" in note and "Fix:" in note for note in env.notes), env.notes
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):
         env.export({})
