@@ -19,6 +19,7 @@ The children get ``DISTENV_AUTO=1`` (framework adapters applied on import, see
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -340,6 +341,8 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
              "--nproc-per-node", str(env.nproc_per_node),
              "--master-addr", str(env.master_addr), "--master-port", str(env.master_port),
              "--rdzv-backend", "static", "--rdzv-endpoint", address(str(env.master_addr), port),
+             # DISTENV_TIMEOUT bounds the nodes' meeting too (torch's static default: 600 s)
+             "--rdzv-conf", f"timeout={math.ceil(knobs.timeout(child))}",
              "--rdzv-id", str(run_id), "--no-python",
              *with_local_rank(cmd, style, "${local_rank}")]
     return Plan(argv_, child, env, "torchrun", warnings)
@@ -373,10 +376,12 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     try:
         os.execvpe(p.argv[0], p.argv, p.environ)
     except FileNotFoundError:
-        sys.stderr.write(f"distenv run: error: command not found: {p.argv[0]}\n")
+        sys.stderr.write(f"distenv run: error: command not found: {p.argv[0]}. Fix: give the "
+                         "command's path, or install it on this node\n")
         return 127
     except PermissionError:
-        sys.stderr.write(f"distenv run: error: permission denied: {p.argv[0]}\n")
+        sys.stderr.write(f"distenv run: error: permission denied: {p.argv[0]}. Fix: make it "
+                         "executable (chmod +x), or run it through its interpreter\n")
         return 126
     except OSError as exc:
         sys.stderr.write(f"distenv run: error: cannot run {p.argv[0]}: {exc.strerror}\n")
@@ -401,20 +406,28 @@ def agent(args: "Sequence[str]") -> int:
 
     # A signal during torch's import (a second or more) is kept for after it: raised inside
     # it, torch swallowed the KeyboardInterrupt and the workers started anyway (review).
+    from .knobs import debug_asked
+
     arrived: "list[int]" = []
     before = {sig: signal.signal(sig, lambda number, _frame: arrived.append(number))
               for sig in (signal.SIGINT, signal.SIGTERM)}
+    # torch's C++ log (a refused or timed-out rendezvous: a warning per retry, then the error
+    # with its C++ stack) is read once, at import: quiet for the agent alone, not its workers
+    cpp_quiet = not debug_asked() and "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if cpp_quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     try:
+        from torch.distributed import DistError
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import main as torchrun
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        if cpp_quiet:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
     if arrived:
         return _stopped(arrived[0])
-
-    from .knobs import debug_asked
 
     if not debug_asked():
         for name in list(logging.root.manager.loggerDict):
@@ -435,6 +448,12 @@ def agent(args: "Sequence[str]") -> int:
         sys.stderr.write(f"distenv run: worker {rank} (local rank {failure.local_rank}) {what}; "
                          "the node's other workers were stopped\n")
         return 128 - code if code < 0 else (code if 0 < code < 256 else 1)
+    except DistError as exc:  # the nodes' meeting (static rendezvous: torch's TCPStore)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        sys.stderr.write(f"distenv run: this node's rendezvous with the other nodes failed ({first}). "
+                         "Fix: start distenv run on every node with the same MASTER_ADDR and "
+                         "MASTER_PORT, or set DISTENV_TIMEOUT=<seconds> to wait longer\n")
+        return 1
     except (FileNotFoundError, PermissionError) as exc:  # the command: not found, not executable
         name = args[-1] if not exc.filename else exc.filename
         sys.stderr.write(f"distenv run: error: cannot run {name}: {exc.strerror}. Fix: give "

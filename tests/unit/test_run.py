@@ -687,3 +687,27 @@ def test_plan_exec_gives_the_command_the_count_not_the_word(fake_gpus, how):
     assert p.mode == "exec" and p.environ["DISTENV_NPROC_PER_NODE"] == "2"
     worker = {**p.environ, "CUDA_VISIBLE_DEVICES": "1", "DISTENV_GPU_SLICE": "1"}
     assert (resolve(worker).rank, resolve(worker).nproc_per_node) == (1, 2)
+
+
+def test_a_node_whose_master_never_comes_ends_within_distenv_timeout(tmp_path):
+    # review, 2026-12-07: torch's static rendezvous waited its own 600 s, silent
+    import subprocess
+    import time
+
+    pytest.importorskip("torch")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_",
+           "SLURM_", "DISTENV_", "TORCHELASTIC_"))}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="4", NODE_RANK="1",
+               DISTENV_TIMEOUT="5", DISTENV_MASTER_CHECK="0", CUDA_VISIBLE_DEVICES="")
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "distenv", "run", "--nproc-per-node", "2", "--",
+                        sys.executable, "-c", "0"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    took = time.monotonic() - start
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and took < 5 + 30, (p.returncode, took, p.stderr)
+    assert len(lines) == 1 and "rendezvous" in lines[0] and "Fix:" in lines[0], p.stderr
+    assert f"127.0.0.1, {port}" in lines[0] or str(port) in lines[0], lines[0]
