@@ -146,13 +146,8 @@ def layout_doubt(env: "Env", hosts: "Sequence[str] | None", node: "int | None",
 
 
 def _node_of(rank: int, counts: "Sequence[int]", dist: str, plane: "str | None") -> "int | None":
-    """The node `dist` deals task `rank` to, or None (past the tasks, or no such rule)."""
-    if dist in _BLOCK:  # O(nodes) in C: resolve() runs this on every call
-        from bisect import bisect_right
-        from itertools import accumulate
-
-        ends = list(accumulate(counts))
-        return bisect_right(ends, rank) if rank < ends[-1] else None
+    """The node `dist` deals task `rank` to (`task_nodes`, kept per counts: resolve() runs
+    this on every call), or None (past the tasks, or no such rule)."""
     try:
         order = _MEMO.get(("order", tuple(counts), dist, plane))
         if order is None:
