@@ -272,3 +272,37 @@ def test_a_host_list_given_to_resolve_that_is_none_is_one_error(field, value):
     with pytest.raises(DistEnvError, match=rf"{field}=.* \(given to resolve\(\)\) is not a list of host names\. Fix:"):
         resolve({}, **{field: value})
     assert resolve({}, hosts=["node1"]).hosts == ("node1",)
+
+
+def test_a_lone_rank_of_a_launcher_without_node_count_proves_no_per_node_layout(no_gpus):
+    """mpiexec -n 3 placed 2 + 1, two workers asked per node: the lone rank cannot tell that
+    the other node runs two (it counted 3 nodes and 6 workers, and with MASTER_ADDR given
+    nothing asked); its node index and count stay unknown, for discovery to prove or refuse."""
+    from distenv.discovery.apply import per_node
+    from distenv.discovery.apply import Answer
+
+    lone = {**hydra_rank(2, 3, 0, 1), "DISTENV_NPROC_PER_NODE": "2",
+            "MASTER_ADDR": "hostA", "MASTER_PORT": "29400"}
+    got = resolve(lone)
+    assert got.launch == "per-node" and got.nproc_per_node == 2
+    assert (got.node_rank, got.num_nodes, got.world_size) == (None, None, None)
+    assert any("-n 3 may place 2 + 1" in n for n in got.notes), got.notes
+    with pytest.raises(DistEnvError, match="found 3 processes on 2 hosts"):
+        per_node(got, Answer("pmi", 2, 3, ["hostA", "hostA", "hostB"], "PMI-1"))
+    # the launcher that gives its node count proves one process per node (SLURM: 2 nodes, 2 tasks)
+    slurmed = resolve({**slurm(1, nodelist="n[1-2]", tasks="1(x2)", job="8", ntasks=2, nnodes=2,
+                                             nodeid=1, localid=0),
+                       "DISTENV_NPROC_PER_NODE": "2"})
+    assert (slurmed.node_rank, slurmed.num_nodes, slurmed.world_size) == (1, 2, 4)
+
+
+def test_node_rank_given_where_the_launcher_gives_none_is_read_and_bounded():
+    """The Fixes say "set MASTER_ADDR (and NODE_RANK)": NODE_RANK was only cross-checked, so
+    where the launcher gives no node index it was ignored. Now read as given by the user,
+    within what the counts allow (2 ranks elsewhere: at most 2 nodes before this one)."""
+    env = {**hydra_rank(2, 4, 0, 2), "MASTER_ADDR": "hostA", "NODE_RANK": "1"}
+    got = resolve(env)
+    assert got.node_rank == 1 and got.provenance["node_rank"] == "NODE_RANK (given by the user)"
+    with pytest.raises(DistEnvError, match=r"node_rank=3 \(NODE_RANK \(given by the user\)\) but "
+                                           r"local_world_size=2 .* leaves 2 of world_size=4"):
+        resolve({**env, "NODE_RANK": "3"})

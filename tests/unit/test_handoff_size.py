@@ -30,7 +30,7 @@ COMMAND = textwrap.dedent("""
     import json, os
     from distenv.discovery import pmi
     from distenv.discovery import complete
-    env = complete(need=("master_addr", "node_rank"))
+    env = complete(need=("master_addr", "num_nodes"))
     got = pmi.inherited()
     print(json.dumps({"pid": os.getpid(), "ranks": got.size, "master": env.master_addr,
                       "node_rank": env.node_rank, "nodes": env.num_nodes,
@@ -51,5 +51,6 @@ def test_distenv_run_hands_off_50000_fully_qualified_ranks():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["ranks"] == RANKS and got["nodes"] == NODES
     assert got["master"] == "nid000000.cluster.example.org" and got["node_rank"] == 1
-    # (the command itself resolves MASTER_ADDR and NODE_RANK from what distenv run exported)
+    # (the command itself resolves MASTER_ADDR and NODE_RANK from what distenv run exported,
+    # and asks for the node count: the hand-off answers, agreeing with NODE_RANK)
     assert got["var"] < 100 and got["longest"] < 128 * 1024  # the list is not in a variable

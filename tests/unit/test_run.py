@@ -161,10 +161,15 @@ def test_plan_per_node_without_torch_says_how_to_proceed(no_gpus, monkeypatch):
 
 def test_plan_per_node_across_nodes_needs_the_master_address(no_gpus, monkeypatch):
     monkeypatch.setattr(run, "_has_torch", lambda python, environ: True)
-    mpich = hydra_rank(0, 2, 0, 1)
+    nodes_only = {k: v for k, v in OMPI_PPR1.items() if k != "OMPI_MCA_orte_hnp_uri"}
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):
-        run.plan(["--nproc-per-node", "2", "python", "t.py"], mpich)
-    ok = run.plan(["--nproc-per-node", "2", "python", "t.py"], {**mpich, "MASTER_ADDR": "node1"})
+        run.plan(["--nproc-per-node", "2", "python", "t.py"], nodes_only)
+    mpich = hydra_rank(0, 2, 0, 1)
+    # a lone rank proves no node count (others may run two): the plan waits for discovery's,
+    # which this pure plan does not ask
+    with pytest.raises(DistEnvError, match="a per-node launch needs num_nodes"):
+        run.plan(["--nproc-per-node", "2", "python", "t.py"], {**mpich, "MASTER_ADDR": "node1"})
+    ok = run.plan(["--nproc-per-node", "2", "python", "t.py"], {**OMPI_PPR1, "MASTER_ADDR": "node1"})
     assert ok.mode == "torchrun" and "node1:" in " ".join(ok.argv)
 
 

@@ -333,9 +333,22 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
                 # node k); under srun --distribution=arbitrary task 0 may run on node 1
                 # (measured: SLURM_PROCID=0 with SLURM_NODEID=1), and its index was dropped.
                 r.hosts_by_node = r.get("node_rank") == r.get("rank")
-                r.set("node_rank", r.get("rank"),
-                      f"{r.why.get('rank')} (one process per node: the node rank)")
-                r.set("num_nodes", size, f"{r.why.get('world_size')} (one process per node)")
+                if nodes is not None or size == 1:
+                    r.set("node_rank", r.get("rank"),
+                          f"{r.why.get('rank')} (one process per node: the node rank)")
+                    r.set("num_nodes", size, f"{r.why.get('world_size')} (one process per node)")
+                else:
+                    # This node runs one, but the launcher gives no node count: others may run
+                    # more (mpiexec -n 3 placed 2 + 1, want 2: this rank would count 3 nodes and
+                    # 6 workers). Node index and count stay unknown; discovery's answer proves
+                    # one process per host or refuses (distenv.discovery.apply.per_node).
+                    r.values.pop("node_rank", None)
+                    r.why.pop("node_rank", None)
+                    r.notes.append(
+                        f"one process on this node, but {source.title or source.name} does not say how "
+                        "many run on the others (-n 3 may place 2 + 1): node rank and node count stay "
+                        "unknown until discovery finds one process per host (distenv run and the "
+                        "adapters ask the launcher; distenv show --discover shows its answer)")
                 for field in ("rank", "local_rank", "world_size", "local_world_size"):
                     r.values.pop(field, None)
                     r.why.pop(field, None)
@@ -551,7 +564,11 @@ def _check_canonical(env: "Env", r: Reading, source: "Source", overrides: "dict[
             continue
         given = get_int(env, var)
         mine = r.get(field)
-        if mine is not None and given != mine:
+        if mine is None and var == "NODE_RANK":
+            # The launcher does not give it (MPICH across nodes, SLURM's arbitrary layout): the
+            # user's, like MASTER_ADDR; discovery refuses one its answer contradicts.
+            r.set(field, given, Why("NODE_RANK (given by the user)", GIVEN))
+        elif mine is not None and given != mine:
             raise DistEnvError(
                 f"{var}={env[var]} contradicts {r.why.get(field, field)} ({field}={mine}). "
                 f"A stale {var} from the shell, the job script or an outer launcher or platform? "
@@ -622,6 +639,12 @@ def _check_counts(get: Any, why: "dict[str, Any]") -> None:
     1 on a rank with neighbours elsewhere would make the loopback its master."""
     size, local, nodes, nproc = (get("world_size"), get("local_world_size"), get("num_nodes"),
                                  get("nproc_per_node"))
+    node = get("node_rank")
+    if nodes is None and None not in (size, local, node) and node > size - local:
+        _bad(f"node_rank={node} ({why.get('node_rank')}) but local_world_size={local} "
+             f"({why.get('local_world_size')}) leaves {size - local} of world_size={size} "
+             f"({why.get('world_size')}) for the {node} nodes before this one, at least one "
+             "rank on each.")
     if size is None or nodes is None:
         return
     if local is not None and nodes == 1 and local != size:
