@@ -64,6 +64,7 @@ PET_OVERRIDES = ("PET_STANDALONE", "PET_MODULE", "PET_RUN_PATH", "PET_RDZV_ENDPO
                  "PET_MAX_RESTARTS", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
                  "PET_MASTER_ADDR", "PET_MASTER_PORT")
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+_SHELL = re.compile(r"^(ba|da|z|k|mk)?sh$")
 
 
 class Usage(Exception):
@@ -131,6 +132,8 @@ def script_index(cmd: "Sequence[str]") -> int:
     for an interpreter, else right after the program."""
     if not cmd:
         return 0
+    if _SHELL.match(os.path.basename(cmd[0])):
+        return _shell_script_index(cmd)
     if not _PYTHON.match(os.path.basename(cmd[0])):
         return 1
     i = 1
@@ -147,6 +150,25 @@ def script_index(cmd: "Sequence[str]") -> int:
             i += 1
             continue
         return i + 1
+    return len(cmd)
+
+
+def _shell_script_index(cmd: "Sequence[str]") -> int:
+    """`bash [-x] [-o opt] s.sh args`: right after the script (before it, bash reads the flag
+    as its own invalid option); `sh -c code name args`: after the name ($0), so the script
+    sees it in "$@"."""
+    i = 1
+    while i < len(cmd):
+        a = cmd[i]
+        if a == "-c":
+            return min(i + 3, len(cmd))
+        if a in ("-o", "+o", "-O", "+O"):
+            i += 2
+            continue
+        if a.startswith(("-", "+")) and a not in ("-", "--"):
+            i += 1
+            continue
+        return min(i + 2 if a == "--" else i + 1, len(cmd))
     return len(cmd)
 
 

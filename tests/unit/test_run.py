@@ -79,6 +79,10 @@ def test_parse_options_and_command():
     (["python", "-mpkg", "a"], ["python", "-mpkg", "FLAG", "a"]),
     (["./train.sh", "a"], ["./train.sh", "FLAG", "a"]),
     (["python"], ["python", "FLAG"]),
+    # a shell's script gets it, never the shell (bash --local-rank=3 s.sh: an invalid option)
+    (["bash", "s.sh", "a"], ["bash", "s.sh", "FLAG", "a"]),
+    (["/bin/sh", "-x", "-o", "pipefail", "s.sh"], ["/bin/sh", "-x", "-o", "pipefail", "s.sh", "FLAG"]),
+    (["bash", "-c", 'exec python t.py "$@"', "t", "a"], ["bash", "-c", 'exec python t.py "$@"', "t", "FLAG", "a"]),
 ])
 def test_local_rank_goes_right_after_the_script(cmd, expected):
     assert run.with_local_rank(cmd, "underscore", "3") == [x.replace("FLAG", "--local_rank=3") for x in expected]
