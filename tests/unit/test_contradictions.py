@@ -303,6 +303,37 @@ def test_node_rank_given_where_the_launcher_gives_none_is_read_and_bounded():
     env = {**hydra_rank(2, 4, 0, 2), "MASTER_ADDR": "hostA", "NODE_RANK": "1"}
     got = resolve(env)
     assert got.node_rank == 1 and got.provenance["node_rank"] == "NODE_RANK (given by the user)"
+    with pytest.raises(DistEnvError, match=r"NODE_RANK=3 \(given by the user\) is above rank=2 "
+                                           r"\(PMI_RANK=2\): node k's lowest rank is at least k"):
+        resolve({**env, "NODE_RANK": "3"})  # rank 0 can only be on node 0, rank 2 on node <= 2
+    last = {**hydra_rank(3, 4, 1, 2), "MASTER_ADDR": "hostA", "NODE_RANK": "3"}
     with pytest.raises(DistEnvError, match=r"node_rank=3 \(NODE_RANK \(given by the user\)\) but "
                                            r"local_world_size=2 .* leaves 2 of world_size=4"):
-        resolve({**env, "NODE_RANK": "3"})
+        resolve(last)
+
+
+def test_hydra_pmi_port_reads_pmi_id_not_an_outer_launch_s_pmi_rank():
+    """Measured by a review (MPICH 4): mpiexec -pmi-port sets PMI_ID and PMI_PORT only and
+    passes on the PMI_RANK/PMI_SIZE it inherited (an outer srun --mpi=pmi2 step's): both
+    ranks were rank 0 of 4."""
+    port = {"PMI_ID": "1", "PMI_PORT": "h:1", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    with pytest.raises(DistEnvError, match=r"PMI_ID=1 \(Hydra -pmi-port: this rank\) but PMI_RANK=0, "
+                                           r"PMI_SIZE=4 came with .* Fix: unset PMI_RANK PMI_SIZE PMI_FD"):
+        resolve({**port, "PMI_RANK": "0", "PMI_SIZE": "4"})
+    agreeing = resolve({**port, "PMI_RANK": "1", "PMI_SIZE": "4"})
+    assert (agreeing.rank, agreeing.world_size) == (1, None)  # the size is the outer launch's
+    # the note's Fix works: WORLD_SIZE given where the launcher gives no size
+    given = resolve({**port, "WORLD_SIZE": "2"})
+    assert given.world_size == 2 and given.provenance["world_size"] == "WORLD_SIZE (given by the user)"
+    with pytest.raises(DistEnvError, match=r"rank=1 \(PMI_ID=1\) must be below world_size=1"):
+        resolve({**port, "WORLD_SIZE": "1"})
+
+
+def test_flux_with_a_task_per_node_is_a_per_node_launch_and_local_ranks_leave_every_node_one():
+    flux = {"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2", "FLUX_TASK_LOCAL_ID": "0",
+            "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f1"}
+    got = resolve({**flux, "DISTENV_NPROC_PER_NODE": "4"})
+    assert (got.launch, got.node_rank, got.num_nodes, got.world_size) == ("per-node", 1, 2, 8)
+    # local id 3 of 4 tasks on 2 nodes: the other node would hold none
+    with pytest.raises(DistEnvError, match=r"local_rank=3 \(FLUX_TASK_LOCAL_ID=3\) leaves fewer than 1 "):
+        resolve({**flux, "FLUX_TASK_RANK": "3", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "3"})

@@ -45,11 +45,16 @@ def test_a_local_rank_or_count_the_placement_contradicts_is_an_error():
     count for this host was taken beside a local rank it cannot hold (local rank 1 of 1);
     and a same-count-everywhere claim stood beside uneven hosts on the ranks whose own count
     happened to match."""
-    flux = resolve({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2", "FLUX_TASK_LOCAL_ID": "1",
-                    "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f123"})
+    flux = {"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "3", "FLUX_TASK_LOCAL_ID": "1",
+            "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f123"}
     with pytest.raises(DistEnvError, match=r"local_rank=1 \(FLUX_TASK_LOCAL_ID=1\) contradicts discovery "
                                            r"\(test\): 1 rank\(s\) on this host\. Fix:"):
-        from_hostnames(flux, ["n1", "n2"], "test")
+        from_hostnames(resolve(flux), ["n1", "n2", "n1"], "test")
+    # as many tasks as nodes: one on each (FLUX_JOB_NNODES counts nodes hosting tasks), so
+    # local rank 1 is refused by the resolver itself (review, 2026-12-07)
+    with pytest.raises(DistEnvError, match=r"local_rank=1 \(FLUX_TASK_LOCAL_ID=1\) must be below "
+                                           r"local_world_size=1 \(FLUX_JOB_NNODES = FLUX_JOB_SIZE"):
+        resolve({**flux, "FLUX_JOB_SIZE": "2"})
     four = resolve({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1",
                     "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f123"})
     assert from_hostnames(four, ["n1", "n1", "n2", "n2"], "test").local_world_size == 2

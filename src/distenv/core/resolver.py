@@ -564,10 +564,18 @@ def _check_canonical(env: "Env", r: Reading, source: "Source", overrides: "dict[
             continue
         given = get_int(env, var)
         mine = r.get(field)
-        if mine is None and var == "NODE_RANK":
-            # The launcher does not give it (MPICH across nodes, SLURM's arbitrary layout): the
-            # user's, like MASTER_ADDR; discovery refuses one its answer contradicts.
-            r.set(field, given, Why("NODE_RANK (given by the user)", GIVEN))
+        if mine is None and (var == "NODE_RANK" or (var == "WORLD_SIZE" and r.launch == PER_PROCESS)):
+            # The launcher does not give it (a node index under MPICH across nodes or SLURM's
+            # arbitrary layout, the size under Hydra's -pmi-port): the user's, like MASTER_ADDR;
+            # the counts bound it, discovery refuses one its answer contradicts.
+            rank = r.get("rank")
+            if var == "NODE_RANK" and rank is not None and given is not None and given > rank:
+                # nodes are numbered by their lowest rank: node k holds no rank below k
+                raise DistEnvError(
+                    f"NODE_RANK={env[var]} (given by the user) is above rank={rank} "
+                    f"({r.why.get('rank')}): node k's lowest rank is at least k. A stale NODE_RANK "
+                    "from the shell? Fix: unset NODE_RANK, or set it to this node's index.")
+            r.set(field, given, Why(f"{var} (given by the user)", GIVEN))
         elif mine is not None and given != mine:
             raise DistEnvError(
                 f"{var}={env[var]} contradicts {r.why.get(field, field)} ({field}={mine}). "
@@ -647,6 +655,11 @@ def _check_counts(get: Any, why: "dict[str, Any]") -> None:
              "rank on each.")
     if size is None or nodes is None:
         return
+    lrank = get("local_rank")
+    if lrank is not None and lrank > size - nodes:
+        _bad(f"local_rank={lrank} ({why.get('local_rank')}) leaves fewer than {nodes - 1} of "
+             f"world_size={size} ({why.get('world_size')}) for the other nodes of "
+             f"num_nodes={nodes} ({why.get('num_nodes')}), at least one rank on each.")
     if local is not None and nodes == 1 and local != size:
         _bad(f"num_nodes=1 ({why.get('num_nodes')}) but local_world_size={local} "
              f"({why.get('local_world_size')}) is not world_size={size} "

@@ -27,7 +27,11 @@ class Flux(Source):
     def read(self, env: "Env", r: "Reading") -> None:
         r.launch = PER_PROCESS
         read_counts(env, r, self.title, "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID")
-        r.int_from(env, "num_nodes", "FLUX_JOB_NNODES", self.title, minimum=1)
+        nodes = r.int_from(env, "num_nodes", "FLUX_JOB_NNODES", self.title, minimum=1)
+        if nodes is not None and nodes == r.get("world_size"):
+            # FLUX_JOB_NNODES counts the nodes hosting tasks (flux-core's job environment
+            # docs): as many as the tasks, one on each (what a per-node launch asks).
+            r.set("local_world_size", 1, "FLUX_JOB_NNODES = FLUX_JOB_SIZE: one task per node")
         r.set("job_id", env.get("FLUX_JOB_ID"), "FLUX_JOB_ID")
         if env.get("FLUX_JOB_ID"):
             r.port_key = "flux:" + env["FLUX_JOB_ID"]

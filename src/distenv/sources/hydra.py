@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ..core.description import PER_PROCESS, Note
 from . import Doctor, Launch, PassOn, Services, Source
+from ..errors import DistEnvError
 from ..core.reading import first_int
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -68,11 +69,25 @@ class Hydra(Source):
         r.set("launcher", "intelmpi" if intel else "mpich",
               "I_MPI_*/HYDRA_BSTRAP_NODE_ID present" if intel else "PMI_RANK with MPI_LOCALRANKID")
         r.launch = PER_PROCESS
-        value, var = first_int(env, ("PMI_RANK", "PMI_ID"), who)
+        if "PMI_ID" in env:
+            # -pmi-port: Hydra sets PMI_ID and PMI_PORT only, and passes on PMI_RANK/PMI_SIZE
+            # it inherited (measured, MPICH 4: an outer srun --mpi=pmi2 step's 0 and 4 on both
+            # ranks of mpiexec -pmi-port -n 2): those are another launch's.
+            value, var = first_int(env, ("PMI_ID",), who)
+            stale = [f"{k}={env[k]}" for k in ("PMI_RANK", "PMI_SIZE") if k in env]
+            if "PMI_RANK" in env and env["PMI_RANK"].strip() != str(value):
+                raise DistEnvError(
+                    f"PMI_ID={value} (Hydra -pmi-port: this rank) but {', '.join(stale)} came with "
+                    "the environment mpiexec was started in (an outer launch's). Fix: unset "
+                    "PMI_RANK PMI_SIZE PMI_FD before mpiexec (or run it without -pmi-port).")
+        else:
+            value, var = first_int(env, ("PMI_RANK",), who)
         r.set("rank", value, f"{var}={value}")
-        r.int_from(env, "world_size", "PMI_SIZE", who, minimum=1)
-        if "PMI_SIZE" not in env:
-            r.notes.append(Note("Hydra with -pmi-port gives no world size (no PMI_SIZE). Fix: "
+        if "PMI_ID" not in env:
+            r.int_from(env, "world_size", "PMI_SIZE", who, minimum=1)
+        if r.get("world_size") is None:
+            r.notes.append(Note("Hydra with -pmi-port gives no world size (a PMI_SIZE is an outer "
+                                "launch's). Fix: "
                                 "run mpiexec without -pmi-port, or set WORLD_SIZE for every "
                                 "rank", about="world_size"))
         r.int_from(env, "local_rank", "MPI_LOCALRANKID", who)
