@@ -21,11 +21,15 @@ def _is_distenv_cli() -> bool:
     """This interpreter runs the `distenv` command (it describes the environment it was
     given, and `distenv run` sets up its children itself)."""
     argv: "list[str]" = getattr(sys, "orig_argv", None) or [sys.executable] + list(getattr(sys, "argv", []))
-    for i, arg in enumerate(argv[1:], 1):
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
         if arg == "-m":
             return i + 1 < len(argv) and argv[i + 1] in ("distenv", "distenv.cli")
         if arg == "-c" or not arg.startswith("-"):
             return os.path.basename(arg) == "distenv"
+        # the interpreter's options that take the next word (python -X dev -m distenv ...)
+        i += 2 if arg in ("-X", "-W", "--check-hash-based-pycs") else 1
     return False
 
 

@@ -168,11 +168,26 @@ def _export(args: argparse.Namespace) -> int:
     from .core.export import export
     from .core.resolver import resolve
 
+    import os
+
+    from .sources import source_of
+
     env = resolve()
-    scratch: "dict[str, str]" = {}
-    export(env, scratch)
-    for name, value in scratch.items():
+    if env.job_id is not None and source_of(env.launcher).family == "none":
+        # One process inside a job but none of its tasks (a batch script): what it prints
+        # would reach every task the script starts, each then a job of one.
+        raise DistEnvError(
+            f"this process is inside job {env.job_id} ({env.provenance.get('job_id')}) but is "
+            "none of its tasks: RANK=0 and WORLD_SIZE=1 printed here would reach every task it "
+            "starts, each then a job of one. Fix: run `distenv export` in each task (srun bash -c "
+            "'eval \"$(distenv export)\"; exec python train.py'), or start them with `distenv run`.")
+    # against this environment: a variable it holds with another value is refused, as export()
+    # refuses it (into a copy; printed: only what changes)
+    scratch = dict(os.environ)
+    for name, value in export(env, scratch).items():
         print(f"export {name}={shlex.quote(value)}")
+    for note in env.notes:
+        sys.stderr.write(f"distenv export: note: {note}\n")
     return 0
 
 

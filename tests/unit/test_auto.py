@@ -522,3 +522,18 @@ def test_DISTENV_AUTO_in_a_multiprocessing_child_says_what_to_do():
     said = json.loads(next(line for line in p.stdout.splitlines() if line.startswith("REPORT "))[7:])["said"]
     assert said.startswith("DistEnvError: torch.distributed.init_process_group() needs RANK") and \
         "started by another Python process" in said, said
+
+
+@pytest.mark.parametrize("argv, cli", [
+    (["python", "-m", "distenv", "doctor"], True),
+    (["python", "-X", "dev", "-m", "distenv", "doctor"], True),  # 'dev' was taken for the script
+    (["python", "-W", "ignore", "-u", "-m", "distenv.cli", "show"], True),
+    (["python", "-Xdev", "/v/bin/distenv", "show"], True),
+    (["python", "-X", "dev", "train.py"], False),
+    (["python", "-c", "import distenv"], False),
+])
+def test_the_distenv_command_is_recognised_past_the_interpreter_s_options(argv, cli, monkeypatch):
+    from distenv import _autostart
+
+    monkeypatch.setattr(sys, "orig_argv", argv, raising=False)
+    assert _autostart._is_distenv_cli() is cli

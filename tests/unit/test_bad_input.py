@@ -73,6 +73,27 @@ def test_export_refuses_to_clobber_and_can_overwrite():
     assert target["NODE_RANK"] == "0" and written["RANK"] == "1"
 
 
+def test_export_leaves_no_variable_the_launch_does_not_prove_beside_its_own(no_gpus):
+    """Review, 2026-12-07: a stale GROUP_RANK on two Open MPI nodes (no node index there) stayed
+    beside the RANK, LOCAL_RANK and LOCAL_WORLD_SIZE written: Lightning's torchelastic
+    environment took it for the node rank. Refused, named, removed only with overwrite=True;
+    a value equal to distenv's but padded is no clash."""
+    from envs import ompi
+
+    env = resolve(ompi(1, 4, 1, 2, node_rank_trap=False, OMPI_MCA_orte_num_nodes="2",
+                       OMPI_MCA_orte_hnp_uri="1.0;tcp://10.0.0.1:9"))
+    assert env.node_rank is None
+    target = {"GROUP_RANK": "1", "RANK": " 1"}
+    with pytest.raises(DistEnvError) as err:
+        env.export(target)
+    assert str(err.value).startswith("GROUP_RANK='1' set, but Open MPI does not prove it")
+    assert "Fix: unset GROUP_RANK" in str(err.value) and target == {"GROUP_RANK": "1", "RANK": " 1"}
+    env.export(target, overwrite=True)
+    assert "GROUP_RANK" not in target and target["RANK"] == " 1" and target["LOCAL_RANK"] == "1"
+    padded = {"RANK": " 1", "WORLD_SIZE": "4 "}
+    assert "RANK" not in env.export(padded) and padded["WORLD_SIZE"] == "4 "
+
+
 # -- the edges of resolve() (issue 30, item 7) -------------------------------------------------
 NPROC_ARG_FIX = ("Fix: give resolve() nproc_per_node= a whole number from 1, or 'auto' (one per "
                  "visible GPU, else one per CPU core), 'gpu' (one per visible GPU) or 'cpu' (one "

@@ -316,3 +316,38 @@ def test_doctor_fixes_speak_the_launchers_language(no_gpus, monkeypatch):
     assert "OMP_NUM_THREADS" in fixes["slurm"] and "mpirun" not in fixes["slurm"]
     assert "MASTER_ADDR" in fixes["plain"] and "mpirun" not in fixes["plain"]
     assert "mpirun -x OMP_NUM_THREADS" in fixes["ompi"]
+
+
+# -- distenv export (review, 2026-12-07) ------------------------------------------------------
+TORCHRUN_1 = {"TORCHELASTIC_RUN_ID": "r", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+              "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": "29400", "NODE_RANK": "0"}
+
+
+def test_export_prints_what_changes_and_refuses_what_the_shell_holds_otherwise():
+    """It exported into an empty dict, so a shell's different value was replaced by the eval
+    without a word, where export() refuses it."""
+    from envs import platform
+
+    # Kubeflow's own MASTER_ADDR is PET_MASTER_ADDR's (the source owns it); the shell's differs
+    kubeflow = {**platform("kubeflow_pytorchjob_v1_nproc1_worker1"), "MASTER_ADDR": "10.1.2.3"}
+    p = cli("export", env=kubeflow)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("distenv: error: refusing to overwrite MASTER_ADDR='10.1.2.3' (distenv: ")
+    assert "Fix: unset MASTER_ADDR" in p.stderr and len(p.stderr.splitlines()) == 1
+    ok = cli("export", env=TORCHRUN_1)
+    assert ok.returncode == 0 and ok.stdout == "", ok.stdout  # every variable holds its value
+    missing = cli("export", env={k: v for k, v in TORCHRUN_1.items() if k != "NODE_RANK"})
+    assert missing.stdout.splitlines() == ["export NODE_RANK=0"], missing.stdout
+
+
+def test_export_in_a_batch_script_refuses_a_job_of_one_and_notes_reach_stderr():
+    """In an sbatch script it printed RANK=0 WORLD_SIZE=1 with exit 0: srun passes them to
+    every task, and a plain torch script ran as N jobs of one."""
+    p = cli("export", env={"SLURM_JOB_ID": "5051", "SLURM_PROCID": "0"})
+    assert p.returncode == 2 and p.stdout == ""
+    assert "inside job 5051 (SLURM_JOB_ID) but is none of its tasks" in p.stderr and "Fix:" in p.stderr
+    mpich = cli("export", env={"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0",
+                               "MPI_LOCALNRANKS": "2"})
+    assert mpich.returncode == 0 and "export WORLD_SIZE=2" in mpich.stdout
+    assert "distenv export: note: MPICH reveals no job id" in mpich.stderr

@@ -91,18 +91,52 @@ def export(env: DistEnv, environ: "MutableMapping[str, str] | None" = None,
     missing = [k for k in required if values.get(k) is None]
     if missing:
         raise DistEnvError(missing_message(env, missing))
-    clashes = []
+    clashes, stale = [], []
+    owned = _owned(env)
     for name, value in values.items():
-        if value is not None and name in target and target[name] != str(value) and not overwrite:
+        if name not in target or overwrite:
+            continue
+        if value is None:
+            # set, but the launch does not prove it: beside the values written here a child
+            # would take it for this launch's (a stale GROUP_RANK made Lightning's node rank)
+            if name not in owned:
+                stale.append(f"{name}={target[name]!r}")
+        elif target[name].strip() != str(value):
             clashes.append(f"{name}={target[name]!r} (distenv: {value})")
-    if clashes:
+    if clashes or stale:
         raise DistEnvError(
-            "refusing to overwrite " + ", ".join(clashes)
-            + ". Fix: unset them, or call export(overwrite=True)."
+            ("refusing to overwrite " + ", ".join(clashes) if clashes else "")
+            + ("; " if clashes and stale else "")
+            + (f"{', '.join(stale)} set, but {_title(env)} does not prove "
+               f"{'it' if len(stale) == 1 else 'them'}: a child would take "
+               f"{'it' if len(stale) == 1 else 'them'} for this launch's" if stale else "")
+            + ". Fix: unset " + " ".join(c.split("=", 1)[0] for c in clashes + stale)
+            + " (or, calling export() yourself, pass overwrite=True)."
         )
     written: "dict[str, str]" = {}
     for name, value in values.items():
-        if value is not None and target.get(name) != str(value):
+        if value is None:
+            if overwrite and name in target and name not in owned:
+                del target[name]
+        elif name not in target or target[name].strip() != str(value):
             target[name] = str(value)
             written[name] = str(value)
     return written
+
+
+def _title(env: DistEnv) -> str:
+    from ..sources import source_of
+
+    return source_of(env.launcher).title or str(env.launcher)
+
+
+def _owned(env: DistEnv) -> "tuple[str, ...]":
+    """The canonical variables the launcher or platform sets with its own meaning (GCP's RANK
+    is a node index): theirs, not stale."""
+    from ..sources import PLATFORMS, source_of
+
+    owns = source_of(env.launcher).owns
+    for entry in PLATFORMS:
+        if entry.name == env.platform:
+            owns += entry.load().owns
+    return owns
