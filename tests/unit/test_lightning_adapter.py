@@ -230,6 +230,7 @@ def test_documented_platforms(fake_gpus, name):
         assert trainer_kwargs(environ=environ) == {"devices": want["nproc_per_node"],
                                                    "num_nodes": want["num_nodes"]}
         assert env.world_size() == want["world_size"]
+        _workers_resolve(environ, env, want)
     else:
         # A lone process (no launcher) is one node on which Lightning may start workers.
         assert env.creates_processes_externally is (env.env.launcher != "none")
@@ -238,6 +239,24 @@ def test_documented_platforms(fake_gpus, name):
             assert env.local_rank() == want["local_rank"]
     if want.get("master_addr"):
         assert env.main_address == want["master_addr"]
+
+
+def _workers_resolve(environ, env, want):
+    """Each worker Lightning starts from this node process: the node's environment (RANK
+    included, a node index on Kubeflow, GCP and Vertex), the hand-off, and what Lightning's
+    launcher sets. Review, 2026-12-07: the inherited RANK stopped every worker but 0."""
+    from distenv import resolve
+    from distenv.sources.lightning_node import VARIABLE, hand_off
+
+    nproc, nodes, node = want["nproc_per_node"], want["num_nodes"], want["node_rank"]
+    for local in range(nproc):
+        worker = {**environ, VARIABLE: hand_off(env.env, nproc, nodes), "LOCAL_RANK": str(local),
+                  "NODE_RANK": str(node), "WORLD_SIZE": str(nproc * nodes)}
+        if env.env.master_addr is not None:
+            worker.update(MASTER_ADDR=env.env.master_addr, MASTER_PORT=str(env.env.master_port))
+        got = resolve(worker)
+        assert (got.launcher, got.rank, got.local_rank, got.node_rank, got.world_size) == \
+            ("lightning", node * nproc + local, local, node, nproc * nodes)
 
 
 def test_plugin_pickles_for_spawn_strategies(no_gpus):

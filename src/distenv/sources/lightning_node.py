@@ -86,8 +86,10 @@ class LightningNode(Source):
     title = "Lightning (workers it started from a per-node process)"
     family = "lightning"
     prefixes = (VARIABLE,)
-    # Lightning copies the node description's master into these: the same values.
-    owns = ("MASTER_ADDR", "MASTER_PORT")
+    # Lightning copies the node description's master into these: the same values. RANK it
+    # does not set: one here is the node process's (the node index Kubeflow, GCP and Vertex
+    # give each pod), never this worker's (review, 2026-12-07: every worker but 0 stopped).
+    owns = ("MASTER_ADDR", "MASTER_PORT", "RANK")
 
     def detect(self, env: "Env") -> bool:
         return "LOCAL_RANK" in env
