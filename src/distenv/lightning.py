@@ -200,9 +200,12 @@ def _register() -> None:
     Lightning installed it does nothing: there is no Trainer to accept the plugin anyway.
     """
     wanted = [p for p in _PACKAGES if any(r in sys.modules for r in _ROOTS[p[0]])]
-    if not wanted:
+    before_import = not wanted
+    if before_import:
         # Created before any Lightning import: register with every installed package, since
-        # the Trainer that will receive this plugin may come from either.
+        # the Trainer that will receive this plugin may come from either -- and guard its
+        # Trainer now: importing lightning_fabric does not import pytorch_lightning, whose
+        # Trainer(devices=1) then trained alone (review, 2026-12-07).
         import importlib.util
 
         wanted = [p for p in _PACKAGES if importlib.util.find_spec(_ROOTS[p[0]][0]) is not None]
@@ -213,7 +216,8 @@ def _register() -> None:
             importlib.import_module(env_module).ClusterEnvironment.register(DistenvEnvironment)
             _registered.add(env_module)
         trainer_pkg = strategies.rsplit(".", 1)[0]  # lightning.pytorch / pytorch_lightning
-        if trainer_pkg not in sys.modules:
+        if trainer_pkg not in sys.modules and not (
+                before_import and importlib.util.find_spec(trainer_pkg.split(".")[0]) is not None):
             continue  # Fabric only (or the Trainer package is not imported: nothing to guard)
         _guard_single_device(importlib.import_module(strategies).SingleDeviceStrategy)
 
@@ -306,6 +310,23 @@ def _launch_environment(connector: Any) -> "DistenvEnvironment | None":
     return found
 
 
+def _hand_off_own(connector: Any, chosen: Any) -> None:
+    """No launcher, and Lightning's own environment is about to start this process's workers
+    (Trainer(devices=2) in a plain `python train.py`): they inherit WORLD_SIZE, NODE_RANK and
+    LOCAL_RANK but no RANK, which distenv in each (patch(), DISTENV_AUTO) cannot place. Hand
+    them this process as their node, with the master Lightning chose (review, 2026-12-07:
+    every worker stopped)."""
+    devices = len(getattr(connector, "_parallel_devices", ()) or ()) or 1
+    if (getattr(chosen, "creates_processes_externally", True) or "LOCAL_RANK" in os.environ
+            or devices < 2 or getattr(connector, "_num_nodes_flag", 1) != 1):
+        return
+    env = resolve()
+    if env.launcher != "none":
+        return
+    node = env.replace(master_addr=chosen.main_address, master_port=int(chosen.main_port))
+    os.environ[WORKER_VAR] = hand_off(node, devices, 1)
+
+
 def _refuse_if_elsewhere(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]") -> None:
     """One line when the launch runs Lightning through its own integration (`Frameworks.instead`)."""
     from .sources import source_of
@@ -342,7 +363,9 @@ def _patch_connector(cls: Any) -> None:
     def _choose_and_init_cluster_environment(self: Any) -> Any:
         env = _launch_environment(self)
         if env is None:
-            return choose(self)
+            chosen = choose(self)
+            _hand_off_own(self, chosen)
+            return chosen
         # The devices are parsed by now; a single-device Trainer never consults its
         # environment again, so check here that it is not one of N processes training alone.
         env.validate_settings(len(self._parallel_devices) or 1, self._num_nodes_flag)

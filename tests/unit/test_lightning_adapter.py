@@ -259,6 +259,61 @@ def _workers_resolve(environ, env, want):
             ("lightning", node * nproc + local, local, node, nproc * nodes)
 
 
+@pytest.mark.parametrize("package, strategies", [("lightning", "lightning.pytorch.strategies"),
+                                                 ("pytorch_lightning", "pytorch_lightning.strategies")])
+def test_a_plugin_made_before_the_trainer_package_is_imported_guards_its_single_device(package, strategies):
+    """Review, 2026-12-07: DistenvEnvironment() before `import pytorch_lightning` left its
+    Trainer(devices=1) unguarded (lightning_fabric does not import it): two ranks trained alone."""
+    import subprocess
+    import sys
+
+    if package not in PACKAGES:
+        pytest.skip(f"{package} is not selected (DISTENV_LIGHTNING_PACKAGES={SELECTED})")
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        if REQUIRE:
+            pytest.fail(f"{package} is not installed (DISTENV_REQUIRE_FRAMEWORK=lightning)")
+        pytest.skip(f"{package} is not installed")
+    code = (f"import sys; from distenv.lightning import DistenvEnvironment; DistenvEnvironment(); "
+            f"import {strategies} as s; "
+            "print(getattr(s.SingleDeviceStrategy.setup_environment, '_distenv_guard', False))")
+    env = {**os.environ, **ompi4(1, 2, 1, 2, 1)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "True", (p.stdout, p.stderr[-2000:])
+
+
+def test_lightning_s_own_workers_of_a_lone_process_are_handed_the_node(monkeypatch, no_gpus):
+    """Review, 2026-12-07: no launcher, patch() and Trainer(devices=2): Lightning's own
+    environment starts the workers, which got WORLD_SIZE, NODE_RANK and LOCAL_RANK but no RANK,
+    and distenv in each stopped it. The node now hands them itself with the master Lightning
+    chose (a real 2-worker fit ran so by hand; here Lightning's real environment object)."""
+    import types
+
+    from distenv import lightning, resolve
+
+    try:
+        from lightning.fabric.plugins.environments import LightningEnvironment
+    except ImportError as exc:
+        if REQUIRE:
+            pytest.fail(f"lightning does not import (DISTENV_REQUIRE_FRAMEWORK=lightning): {exc}")
+        pytest.skip(f"lightning is not installed: {exc}")
+    for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", WORKER_VAR):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    chosen = LightningEnvironment()
+    lightning._hand_off_own(types.SimpleNamespace(_parallel_devices=[0, 1], _num_nodes_flag=1), chosen)
+    handed = os.environ[WORKER_VAR]
+    worker = {WORKER_VAR: handed, "LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2",
+              "MASTER_ADDR": chosen.main_address, "MASTER_PORT": "23456"}
+    got = resolve(worker)
+    assert (got.launcher, got.rank, got.world_size, got.master_addr, got.master_port) == \
+        ("lightning", 1, 2, "127.0.0.1", 23456)
+    monkeypatch.delenv(WORKER_VAR)
+    lightning._hand_off_own(types.SimpleNamespace(_parallel_devices=[0], _num_nodes_flag=1), chosen)
+    assert WORKER_VAR not in os.environ  # one device: no workers to hand anything
+
+
 def test_plugin_pickles_for_spawn_strategies(no_gpus):
     import pickle
 

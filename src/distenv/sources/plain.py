@@ -65,8 +65,9 @@ class Plain(Source):
                     f"LOCAL_RANK={env['LOCAL_RANK']!r} are set but RANK is not, {context}: a "
                     "worker Lightning started, whose rank depends on the Trainer's devices. Fix: "
                     f"{first}pass distenv.lightning.DistenvEnvironment() to the Trainer "
-                    "(plugins=[...]) or set DISTENV_AUTO=1, so that the node hands its "
-                    "description to its workers; or set RANK for each worker."
+                    "(plugins=[...]) or call distenv.lightning.patch() before building it, so "
+                    "that the node hands its description to its workers; or set RANK for each "
+                    "worker."
                 )
             if has_size and "LOCAL_RANK" in env:
                 raise DistEnvError(
