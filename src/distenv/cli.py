@@ -181,9 +181,11 @@ def _export(args: argparse.Namespace) -> int:
             "none of its tasks: RANK=0 and WORLD_SIZE=1 printed here would reach every task it "
             "starts, each then a job of one. Fix: run `distenv export` in each task (srun bash -c "
             "'eval \"$(distenv export)\"; exec python train.py'), or start them with `distenv run`.")
-    # against this environment: a variable it holds with another value is refused, as export()
-    # refuses it (into a copy; printed: only what changes)
-    scratch = dict(os.environ)
+    # checked against this environment, into a copy: a variable it holds with another value
+    # (or one the launch does not prove) is refused, as export() refuses it; printed: every
+    # value, so that the output stands alone (saved, sourced elsewhere)
+    export(env, dict(os.environ))
+    scratch: "dict[str, str]" = {}
     for name, value in export(env, scratch).items():
         print(f"export {name}={shlex.quote(value)}")
     for note in env.notes:

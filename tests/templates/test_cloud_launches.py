@@ -340,10 +340,10 @@ def _pals(rank, size, local_rank, local_size, node):
             "PBS_NODEFILE": "/var/spool/pbs/aux/4242.pbs01"}
 
 
-def test_pbs_templates_on_cray_pals(fake_gpus, planner):
+def test_pbs_templates_on_cray_pals(fake_gpus, planner, monkeypatch):
     """The PBS templates' MASTER_ADDR/MASTER_PORT with PALS's variables (HPE Cray EX):
     per-process resolves; per-node (mpiprocs=1) plans torch.distributed.run."""
-    from distenv import resolve
+    from distenv import DistEnvError, resolve
 
     port = {"MASTER_ADDR": "x1000c0s0b0n0", "MASTER_PORT": str(20000 + 4242 % 10000)}
     env = resolve({**_pals(5, 8, 1, 4, 1), **port})
@@ -356,7 +356,19 @@ def test_pbs_templates_on_cray_pals(fake_gpus, planner):
     (launch,) = [l for l in cat.launches() if l.template.endswith("per_node.pbs")]
     fake_gpus(4)
     args = [a if a != "$nproc" else "gpu" for a in cat.distenv_run_args(launch.argv)]
-    p = planner(args, {**_pals(1, 2, 0, 1, 1), **port})
+    node = {**_pals(1, 2, 0, 1, 1), **port}
+    # PALS gives no node count: a lone rank proves no per-node layout (mpiexec -n 3 may place
+    # 2 + 1); distenv run asks the apinfo file, which this pure plan does not read
+    with pytest.raises(DistEnvError, match="a per-node launch needs num_nodes"):
+        planner(args, node)
+    # ... and plans from what the apinfo file answers (one process on each of 2 hosts)
+    from distenv import bringup
+    from distenv.discovery.apply import Answer, per_node
+
+    answered = per_node(resolve({**node, "DISTENV_NPROC_PER_NODE": "4"}),
+                        Answer("apinfo", 1, 2, ["x1000c0s0b0n0", "x1000c0s0b1n0"], "the apinfo file"))
+    monkeypatch.setattr(bringup, "bring_up", lambda *a, **k: answered)
+    p = planner(args, node)
     assert p.mode == "torchrun"
     assert (_flag(p.argv, "--nnodes"), _flag(p.argv, "--node-rank"),
             _flag(p.argv, "--nproc-per-node"), _flag(p.argv, "--master-port")) == ("2", "1", "4", "24242")

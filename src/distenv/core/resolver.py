@@ -20,7 +20,7 @@ from . import ports
 from .description import (DEFAULT, DERIVED, FIELDS, GIVEN, PER_NODE, PER_PROCESS, UNKNOWN, DistEnv, Note,
                           Why, _build)
 from ..errors import DistEnvError
-from ..knobs import LAUNCHER, NPROC_PER_NODE
+from ..knobs import LAUNCHER, NPROC_PER_NODE, RUN
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
 from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names, platform_name
 
@@ -333,7 +333,7 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
                 # node k); under srun --distribution=arbitrary task 0 may run on node 1
                 # (measured: SLURM_PROCID=0 with SLURM_NODEID=1), and its index was dropped.
                 r.hosts_by_node = r.get("node_rank") == r.get("rank")
-                if nodes is not None or size == 1:
+                if nodes is not None or size == 1 or not source.services:
                     r.set("node_rank", r.get("rank"),
                           f"{r.why.get('rank')} (one process per node: the node rank)")
                     r.set("num_nodes", size, f"{r.why.get('world_size')} (one process per node)")
@@ -341,7 +341,9 @@ def _per_node(env: "Env", r: Reading, source: "Source", override: "int | str | N
                     # This node runs one, but the launcher gives no node count: others may run
                     # more (mpiexec -n 3 placed 2 + 1, want 2: this rank would count 3 nodes and
                     # 6 workers). Node index and count stay unknown; discovery's answer proves
-                    # one process per host or refuses (distenv.discovery.apply.per_node).
+                    # one process per host or refuses (distenv.discovery.apply.per_node). A
+                    # launcher with no service to ask (LSF's jsrun) keeps the job script's word
+                    # (jsrun -r 1): nothing could check it.
                     r.values.pop("node_rank", None)
                     r.why.pop("node_rank", None)
                     r.notes.append(
@@ -564,7 +566,8 @@ def _check_canonical(env: "Env", r: Reading, source: "Source", overrides: "dict[
             continue
         given = get_int(env, var)
         mine = r.get(field)
-        if mine is None and (var == "NODE_RANK" or (var == "WORLD_SIZE" and r.launch == PER_PROCESS)):
+        if mine is None and (var == "NODE_RANK" or (var == "WORLD_SIZE" and r.launch == PER_PROCESS)) \
+                and not RUN.raw(env):  # distenv run exported it: its proof comes with the hand-off
             # The launcher does not give it (a node index under MPICH across nodes or SLURM's
             # arbitrary layout, the size under Hydra's -pmi-port): the user's, like MASTER_ADDR;
             # the counts bound it, discovery refuses one its answer contradicts.
