@@ -31,6 +31,7 @@ def test_mpich_inside_open_mpi_is_an_error_naming_both_until_the_launcher_is_nam
     need(layout("mpich4", "np2"))
     found = _ranks(tmp_path / "guess")
     assert len(found) == 2 and all(r[0] == "error" for r in found), found
-    assert all("OMPI_COMM_WORLD_RANK/SIZE=0/1 but PMI_RANK/SIZE=" in r[1] and "Fix: DISTENV_LAUNCHER=mpich"
+    assert all("Open MPI and MPICH (Hydra) variables are both here and disagree: " in r[1]
+               and "world_size 1 (OMPI_COMM_WORLD_SIZE=1) against 2 (PMI_SIZE=2)" in r[1] and "Fix: DISTENV_LAUNCHER=openmpi or mpich"
                in r[1] for r in found), found
     assert _ranks(tmp_path / "named", {"DISTENV_LAUNCHER": "mpich"}) == [["mpich", 0, 2], ["mpich", 1, 2]]

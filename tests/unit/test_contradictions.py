@@ -178,6 +178,30 @@ def test_mpi_inside_slurm_ignores_the_daemon_tasks(mpi):
     assert got.launcher == mpi and got.rank == 1
 
 
+@pytest.mark.parametrize("outer, inner", [("openmpi", "mpich"), ("mpich", "openmpi"),
+                                          ("mvapich2", "mpich"), ("openmpi", "mvapich2")])
+def test_two_mpi_launchers_that_disagree_are_an_error_until_one_is_named(outer, inner):
+    # The inner launcher's rank 1 of 2 beside the outer one's rank 0 of 1, which every rank of
+    # the inner launch inherited: nothing says which is inner (measured for Open MPI and MPICH,
+    # tests/integration/test_nested_mpi.py).
+    alone = {"openmpi": ompi(0, 1, 0, 1, node_rank_trap=False), "mpich": hydra_rank(0, 1, 0, 1),
+             "mvapich2": {"MV2_COMM_WORLD_RANK": "0", "MV2_COMM_WORLD_SIZE": "1",
+                          "MV2_COMM_WORLD_LOCAL_RANK": "0", "MV2_COMM_WORLD_LOCAL_SIZE": "1"}}
+    env = dict(alone[outer], **LAUNCHERS[inner][0])
+    with pytest.raises(DistEnvError, match=r"disagree: rank .* Fix: DISTENV_LAUNCHER=\w+ or \w+") as err:
+        resolve(env)
+    assert inner in str(err.value) and outer in str(err.value)
+    for name, rank in ((inner, 1), (outer, 0)):
+        assert resolve(dict(env, DISTENV_LAUNCHER=name)).rank == rank
+        assert resolve(env, launcher=name).rank == rank
+
+
+def test_mpi_launchers_that_set_each_others_variables_for_the_same_rank_agree():
+    # MVAPICH2 started by Hydra sets MV2_* and Hydra's PMI_* for the same rank.
+    env = dict(LAUNCHERS["mvapich2"][0], **LAUNCHERS["mpich"][0])
+    assert (resolve(env).launcher, resolve(env).rank, resolve(env).world_size) == ("mvapich2", 1, 2)
+
+
 def test_launcher_beats_tf_config():
     tf = json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}})
     got = resolve(dict(LAUNCHERS["slurm"][0], TF_CONFIG=tf))

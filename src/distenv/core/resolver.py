@@ -22,7 +22,7 @@ from .description import (DEFAULT, DERIVED, FIELDS, GIVEN, PER_NODE, PER_PROCESS
 from ..errors import DistEnvError
 from ..knobs import LAUNCHER, NPROC_PER_NODE, RUN
 from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
-from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names, platform_name
+from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names, names_of, platform_name
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -65,8 +65,11 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
             raise TypeError(f"resolve() got unknown field(s): {', '.join(sorted(unknown))}")
 
     r = Reading()
-    source, why = _choose(env, overrides.pop("launcher", None))
+    forced = overrides.pop("launcher", None)
+    source, why = _choose(env, forced)
     source.read(env, r)
+    if source.family == "mpi" and forced is None and not LAUNCHER.raw(env):
+        _nested_mpi(env, r, source)
     r.default("launcher", source.name, why)
     r.owns, r.node_order = source.owns, source.launch.node_order  # what a platform overlay must respect
     _platform(env, r, source, overrides.pop("platform", None))
@@ -221,6 +224,39 @@ def _choose(env: "Env", forced: "str | None") -> "tuple[Source, str]":
                     return source, f"{marker} present"
                 break
     return NONE.load(), "no launcher variables found"
+
+
+def _nested_mpi(env: "Env", r: Reading, source: "Source") -> None:
+    """Another MPI launcher's variables beside the chosen one's, with another rank or size: one
+    MPI launcher started inside the other, whose ranks inherit the outer one's variables (a
+    review measured `mpirun -np 1 mpiexec.mpich -n 2`: both ranks read Open MPI's rank 0 of 1).
+    The variables do not say which is inner, so it is an error; DISTENV_LAUNCHER decides.
+    Launchers that set both families' variables for the same rank (MVAPICH2's Hydra: MV2_* and
+    PMI_*) agree and pass."""
+    for entry in LAUNCHERS:
+        if entry.present(env) is None:
+            continue
+        other = entry.load()
+        if other is source or other.family != "mpi" or not other.detect(env):
+            continue
+        theirs = Reading()
+        try:
+            other.read(env, theirs)
+        except DistEnvError:  # its variables are malformed: they describe no rank to compare
+            continue
+        ours = (r.get("rank"), r.get("world_size"))
+        differ = [f for f, mine, them in zip(("rank", "world_size"), ours,
+                                             (theirs.get("rank"), theirs.get("world_size")))
+                  if mine is not None and them is not None and mine != them]
+        if differ:
+            shown = ", ".join(f"{f} {r.get(f)} ({r.why.get(f)}) against {theirs.get(f)} "
+                              f"({theirs.why.get(f)})" for f in differ)
+            raise DistEnvError(
+                f"{source.title} and {other.title} variables are both here and disagree: {shown}. "
+                "One MPI launcher was started inside the other, and the inner one's ranks carry "
+                f"the outer one's variables. Fix: DISTENV_LAUNCHER={names_of(source)[0]} or "
+                f"{names_of(other)[0]}, whichever started this process (or unset the outer "
+                "launcher's variables before starting the inner one).")
 
 
 def _unforce(why_forced: str) -> str:

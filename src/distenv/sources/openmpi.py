@@ -49,8 +49,6 @@ from __future__ import annotations
 from ..core.description import PER_PROCESS
 from . import Doctor, Frameworks, Launch, PassOn, Services, Source
 from ..core.reading import read_counts
-from ..errors import DistEnvError
-from ..knobs import LAUNCHER
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -141,19 +139,6 @@ class OpenMPI(Source):
         read_counts(env, r, self.title, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
         r.int_from(env, "num_nodes", "OMPI_MCA_orte_num_nodes", self.title, minimum=1)
-        if "MPI_LOCALRANKID" in env and not LAUNCHER.raw(env) and any(  # forced: the user's word
-                env.get(var, "").strip() not in ("", str(r.get(field)))
-                for var, field in (("PMI_RANK", "rank"), ("PMI_SIZE", "world_size"))):
-            # Hydra's variables beside Open MPI's, another rank: one launcher started inside the
-            # other, and the inner one's ranks inherit the outer one's (a review measured
-            # `mpirun -np 1 bash -c 'mpiexec.mpich -n 2 ...'`: both ranks read Open MPI's rank 0
-            # of 1). The variables do not say which is inner.
-            raise DistEnvError(
-                f"OMPI_COMM_WORLD_RANK/SIZE={r.get('rank')}/{r.get('world_size')} but PMI_RANK/SIZE="
-                f"{env.get('PMI_RANK')}/{env.get('PMI_SIZE')} (MPICH or Intel MPI): one MPI launcher started inside another, "
-                "and the inner one's ranks carry the outer one's variables. Fix: "
-                "DISTENV_LAUNCHER=mpich (or openmpi), whichever started this process, or unset "
-                "the outer launcher's variables before starting the inner one.")
 
         uri = env.get("OMPI_MCA_orte_hnp_uri")
         namespace = env.get("PMIX_NAMESPACE", "")
