@@ -179,8 +179,9 @@ def _export(args: argparse.Namespace) -> int:
         raise DistEnvError(
             f"this process is inside job {env.job_id} ({env.provenance.get('job_id')}) but is "
             "none of its tasks: RANK=0 and WORLD_SIZE=1 printed here would reach every task it "
-            "starts, each then a job of one. Fix: run `distenv export` in each task (srun bash -c "
-            "'eval \"$(distenv export)\"; exec python train.py'), or start them with `distenv run`.")
+            "starts, each then a job of one. Fix: run `distenv export` in each task (have the "
+            "launcher start bash -c 'eval \"$(distenv export)\"; exec python train.py'), or start "
+            "them with `distenv run`.")
     # checked against this environment, into a copy: a variable it holds with another value
     # (or one the launch does not prove) is refused, as export() refuses it; printed: every
     # value, so that the output stands alone (saved, sourced elsewhere)

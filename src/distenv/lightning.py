@@ -47,6 +47,7 @@ from .core.description import PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError, install_excepthook
 
 # The hand-off to the workers Lightning starts is a source (read back by resolve() in them).
+from .sources import family
 from .sources.lightning_node import VARIABLE, hand_off
 
 install_excepthook()  # an uncaught DistEnvError ends the script with its one line, exit 2
@@ -69,9 +70,14 @@ _ROOTS = {"lightning.fabric.plugins.environments": ("lightning", "lightning.fabr
 
 
 # -- what the launch means for a Trainer (pure; unit-tested on environments) ----------------------
+def _alone(launcher: "str | None") -> bool:
+    """No launcher started this process (its source's family is "none")."""
+    return family(launcher) == "none"
+
+
 def _spawns(env: DistEnv) -> bool:
     """Lightning starts the workers of this launch (per-node, or a lone process)."""
-    return env.launch == PER_NODE or env.launcher == "none"
+    return env.launch == PER_NODE or _alone(env.launcher)
 
 
 def _nodes(env: DistEnv) -> "int | None":
@@ -85,7 +91,7 @@ def _nodes(env: DistEnv) -> "int | None":
 
 def settings(env: DistEnv) -> "tuple[int, int]":
     """The (devices, num_nodes) a Trainer needs for this launch; DistEnvError if none fit."""
-    if env.launcher == "none" and env.launch == PER_PROCESS:
+    if _alone(env.launcher) and env.launch == PER_PROCESS:
         return 1, 1
     if env.launch == PER_NODE:
         if env.nproc_per_node is None and env.world_size is not None:
@@ -143,7 +149,7 @@ def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]",
 
 def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":
     """Why Trainer(devices=num_devices, num_nodes=num_nodes) contradicts the launch, or None."""
-    if env.launcher == "none" and env.launch == PER_PROCESS:
+    if _alone(env.launcher) and env.launch == PER_PROCESS:
         if num_nodes == 1:
             return None  # Lightning starts `devices` workers on this one node
         return (f"Trainer(num_nodes={num_nodes}) but this is a single process with no launcher "
@@ -304,7 +310,7 @@ def _launch_environment(connector: Any) -> "DistenvEnvironment | None":
         # whose source leaves torch frameworks alone (a TPU pod: torch-xla numbers per chip)
         # or Lightning to its own integration (Ray Train's RayLightningEnvironment).
         launcher = resolve().launcher
-        acts = launcher != "none" and adapter_acts(launcher, "lightning")
+        acts = not _alone(launcher) and adapter_acts(launcher, "lightning")
         connector._distenv_environment = DistenvEnvironment() if acts else None
     found: "DistenvEnvironment | None" = connector._distenv_environment
     return found
@@ -321,7 +327,7 @@ def _hand_off_own(connector: Any, chosen: Any) -> None:
             or devices < 2 or getattr(connector, "_num_nodes_flag", 1) != 1):
         return
     env = resolve()
-    if env.launcher != "none":
+    if not _alone(env.launcher):
         return
     node = env.replace(master_addr=chosen.main_address, master_port=int(chosen.main_port))
     os.environ[WORKER_VAR] = hand_off(node, devices, 1)
