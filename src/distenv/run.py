@@ -489,10 +489,56 @@ def _stopped(number: int) -> int:
     reached every worker too (each said so)."""
     import signal
 
+    _stop_children(number)
     if number != signal.SIGINT:
         sys.stderr.write(f"distenv run: stopped by {signal.Signals(number).name}; its "
                          "workers were stopped too\n")
     return 128 + number
+
+
+def _stop_children(number: int, grace: float = 5.0) -> None:
+    """Stop every worker still running under this agent: `number`, then SIGKILL after `grace`
+    seconds. torch stops the workers it tracks, but a signal that lands while its Popen is
+    between fork and return raises there, and the forked worker is in no list; a signal that
+    reaches the child before its exec is lost with the old image (it ran to its end)."""
+    import signal
+    import time
+
+    me = str(os.getpid())
+    kids = [int(name) for name in os.listdir("/proc") if name.isdigit() and _parent(name) == me]
+    for pid in kids:
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while kids:
+        kids = [pid for pid in kids if not _reaped(pid)]
+        if not kids or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _parent(pid: str) -> str:
+    """Field 4 of /proc/<pid>/stat (after the name, which may hold anything up to its ")")."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().decode("ascii", "replace").rpartition(")")[2].split()[1]
+    except (OSError, IndexError):
+        return ""
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:  # not ours any more, or reaped by torch
+        return True
 
 
 if __name__ == "__main__":

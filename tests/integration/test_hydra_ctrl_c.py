@@ -18,9 +18,14 @@ RANKS = 'if [ "$PMI_RANK" = 0 ]; then kill -INT $$; else sleep 1; kill -KILL $$;
 
 def test_sigint_and_sigkill_read_as_a_segmentation_fault(need, tmp_path):
     need(layout("mpich5", "np4"))
-    p = subprocess.run([MPICH5, "-print-all-exitcodes", "-n", "2", "sh", "-c", RANKS],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    out = p.stdout + p.stderr
+    for _ in range(3):
+        p = subprocess.run([MPICH5, "-print-all-exitcodes", "-n", "2", "sh", "-c", RANKS],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        out = p.stdout + p.stderr
+        # Hydra's own race, seen once in CI: its proxy's "Assertion failed ... assert (!closed)"
+        # when the killed rank's socket closes under it; nothing of what is tested here ran.
+        if "assert (!closed) failed" not in out:
+            break
     assert "Exit codes: [" in out and "] 2,9" in out, out  # SIGINT and SIGKILL, nothing else
     assert "EXIT STRING: Segmentation fault (signal 11)" in out, out
     assert p.returncode == 11
