@@ -10,8 +10,11 @@ In a distributed launch this
    Lightning, Transformers/Accelerate, DeepSpeed, TensorFlow or JAX. A framework imported before
    ``distenv.auto`` is patched at once.
 
-Outside a distributed launch (a single process) it writes no variable and patches no framework.
-One thing only, where no launcher started this process: a script's own
+Outside a distributed launch (a single process) it writes no variable and patches no framework,
+with two exceptions. Lightning's patch alone is installed (it writes no variable): with no
+launcher, the workers a Trainer(devices=2) starts are handed this process as their node; in the
+one process `distenv run` started, such a Trainer (which would wait forever for a rank 1 nothing
+starts) fails in one line. And where no launcher started this process: a script's own
 ``torch.distributed.init_process_group()`` with torch's env:// defaults and no ``RANK`` or
 ``WORLD_SIZE`` -- torch's "environment variable RANK expected" -- gets the one-process job that
 ``distenv run`` exports (``RANK=0``, ``WORLD_SIZE=1``, ``MASTER_ADDR=127.0.0.1``, a port derived
@@ -71,6 +74,8 @@ applied: "list[str]" = []
 skipped: "dict[str, str]" = {}
 
 _finder: "_Finder | None" = None
+#: The only adapter modules the hooks apply (None: every one): distenv run's one process.
+_only: "frozenset[str] | None" = None
 _pending: "list[str]" = []
 _depth = 0
 
@@ -95,6 +100,16 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
     if not found.is_distributed:
         if environ is None and found.launcher == "none" and found.launch != PER_NODE:
             _offer_one_process(found)
+        lone = found.launcher == "none" and found.job_id is None and one_process(target) is None
+        if environ is None and found.launch != PER_NODE and (lone or target.get(knobs.RUN)):
+            # One process, where a Trainer(devices=2) goes wrong without distenv's Lightning
+            # patch (it writes no variable): with no launcher, the workers Lightning starts
+            # get no RANK (the patch hands them this process as their node); in distenv run's
+            # one process LOCAL_RANK is set, so Lightning starts none and waited forever for
+            # its rank 1 (the patch makes that its one-line devices error).
+            global _only
+            _only = frozenset({"distenv.lightning"})
+            install()
         return None
     env = found
     exported.update({name: old for name, old in before.items() if target.get(name) != old})
@@ -244,8 +259,9 @@ def install() -> None:
 
 def deactivate(environ: "MutableMapping[str, str] | None" = None) -> None:
     """Undo `activate`: remove the hooks and restore the variables it exported."""
-    global _finder, env, single
+    global _finder, env, single, _only
     target: "MutableMapping[str, str]" = os.environ if environ is None else environ
+    _only = None
     if _finder is not None:
         try:
             sys.meta_path.remove(_finder)
@@ -277,7 +293,8 @@ def _run_pending() -> None:
         if entry is None:
             continue
         key = f"{entry[0]}:{entry[1]}"
-        if key in skipped or (key in applied and key not in EACH_IMPORT):
+        if key in skipped or (key in applied and key not in EACH_IMPORT) or (
+                _only is not None and entry[0] not in _only):
             continue
         if env is not None and not _acts(entry[0]):
             # The launch's source leaves this framework to its own set-up (a TPU pod and

@@ -45,6 +45,7 @@ from . import resolve
 from .bringup import ALWAYS, NEVER, bring_up
 from .core.description import PER_NODE, PER_PROCESS, DistEnv
 from .errors import DistEnvError, install_excepthook
+from .knobs import RUN
 
 # The hand-off to the workers Lightning starts is a source (read back by resolve() in them).
 from .sources import family
@@ -539,6 +540,10 @@ class DistenvEnvironment:
         contradict the launch. For a per-node process about to start its workers, hand
         them the node's description (WORKER_VAR)."""
         message = mismatch_message(self._env, num_devices, num_nodes)
+        if message and self._environ.get(RUN) and self._env.world_size == 1 and num_nodes == 1:
+            # distenv run's one process: its own option is the other way to the devices asked
+            message = (message[:-1] + f"; or start {num_devices} processes: distenv run "
+                       f"--nproc-per-node {num_devices} -- <your command>.")
         if message:
             raise DistEnvError(message)
         self._devices = int(num_devices)

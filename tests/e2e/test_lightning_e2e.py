@@ -248,3 +248,52 @@ def test_lightning_onprem_launch_two_nodes_equals_one_process(jobs):
     assert out["steps"] == ref["steps"], (out, ref)
     assert close(out["final_loss"], ref["final_loss"]), (out["final_loss"], ref["final_loss"])
     assert close(out["checksum"], ref["checksum"]), (out["checksum"], ref["checksum"])
+
+
+# -- distenv run's one process and a Trainer asking for more ------------------------------------
+def test_distenv_run_one_process_with_trainer_devices_2_is_one_line_not_a_wait():
+    """`distenv run -- python train.py` (no launcher) exports LOCAL_RANK=0, so Lightning starts
+    no worker, and a plain Trainer(devices=2) waited forever for its rank 1 (2026-12-07,
+    measured: killed at 60 s). Now one line naming both ways out; the second one then trains
+    as one 2-process job."""
+    from launch_pool import interpreter
+
+    python, why = interpreter("lightning")
+    if python is None:
+        pytest.skip(why)
+    distenv = os.path.join(os.path.dirname(python), "distenv")
+    env = harness.clean_env({"OMP_NUM_THREADS": "1", "DISTENV_TIMEOUT": "60"})
+    script = [python, EXAMPLE, "--package", pkg("lightning"), "--no-plugin", "--devices", "2",
+              "--epochs", "1", "--samples", "128"]
+    p = subprocess.run(["timeout", "-k", "5", "120", distenv, "run", "--", *script], env=env,
+                       cwd="/", capture_output=True, text=True, timeout=130, stdin=subprocess.DEVNULL)
+    errors = [line for line in p.stderr.splitlines() if "distenv: error:" in line]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-3000:])
+    assert len(errors) == 1 and "Trainer(devices=2, num_nodes=1) contradicts the launch" in errors[0], errors
+    assert "distenv run --nproc-per-node 2 --" in errors[0], errors
+    p = subprocess.run(["timeout", "-k", "5", "240", distenv, "run", "--nproc-per-node", "2", "--",
+                        *script], env=env, cwd="/", capture_output=True, text=True, timeout=250,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    found = [r for r in harness.json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
+    assert len(found) == 1 and found[0]["ranks"] == [0, 1], p.stdout[-2000:]
+
+
+def test_distenv_auto_alone_lets_lightning_start_its_own_workers():
+    """No launcher, DISTENV_AUTO=1, a plain Trainer(devices=2): the workers Lightning starts
+    inherit WORLD_SIZE, NODE_RANK, LOCAL_RANK and no RANK, and distenv in each stopped it
+    (2026-12-07). Auto now installs Lightning's patch there, which hands them the node."""
+    from launch_pool import interpreter
+
+    python, why = interpreter("lightning")
+    if python is None:
+        pytest.skip(why)
+    env = harness.clean_env({"OMP_NUM_THREADS": "1", "DISTENV_TIMEOUT": "60", "DISTENV_AUTO": "1"})
+    p = subprocess.run(["timeout", "-k", "5", "240", python, EXAMPLE, "--package", pkg("lightning"),
+                        "--no-plugin", "--devices", "2", "--epochs", "1", "--samples", "128"],
+                       env=env, cwd="/", capture_output=True, text=True, timeout=250,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    found = [r for r in harness.json_lines(p.stdout) if r.get("example") == "lightning_trainer"]
+    assert len(found) == 1 and found[0]["ranks"] == [0, 1], p.stdout[-2000:]
+    assert len(set(found[0]["checksums"])) == 1, found[0]

@@ -36,6 +36,7 @@ REPORT = textwrap.dedent(f"""
             "auto_imported": auto is not None,
             "env": None if auto is None or auto.env is None else auto.env.to_dict(),
             "hooked": any(type(f).__name__ == "_Finder" for f in sys.meta_path),
+            "only": sorted(getattr(sys.modules.get("distenv.auto"), "_only", None) or []),
             "frameworks": sorted(m for m in sys.modules if m.split(".")[0] in {MODULES}),
             "adapters": sorted(m for m in sys.modules if m.startswith("distenv.") and m.split(".")[1]
                                in ("torch", "lightning", "transformers", "deepspeed", "tensorflow",
@@ -119,9 +120,12 @@ a.HOOKS.update({"fakefw": ("fake_adapter", "patch_outer"), "fakefw_inner": ("fak
 @pytest.mark.parametrize("extra", [{}, {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"},
                                    {"WORLD_SIZE": "1"}], ids=["plain", "sbatch-script", "world1"])
 def test_DISTENV_AUTO_is_inert_in_a_single_process(extra):
+    # A lone process (no launcher, no job) gets Lightning's patch alone (for the workers a
+    # Trainer(devices=2) starts): no variable, no framework imported, no other adapter.
     rep, p = run_py("import json, email.message\nreport()", {"DISTENV_AUTO": "1", **extra})
     assert p.returncode == 0, p.stderr
-    assert rep["auto_imported"] and rep["env"] is None and not rep["hooked"]
+    assert rep["auto_imported"] and rep["env"] is None
+    assert (rep["hooked"], rep["only"]) == ((True, ["distenv.lightning"]) if not extra else (False, []))
     assert rep["vars"] == {k: None for k in rep["vars"]} | ({"WORLD_SIZE": "1"} if "WORLD_SIZE" in extra else {})
     assert rep["frameworks"] == [] and rep["adapters"] == []
     assert p.stderr == ""
@@ -130,7 +134,7 @@ def test_DISTENV_AUTO_is_inert_in_a_single_process(extra):
 def test_import_distenv_auto_is_inert_in_a_single_process():
     rep, p = run_py("import distenv.auto\nreport()")
     assert p.returncode == 0, p.stderr
-    assert rep["env"] is None and not rep["hooked"] and rep["frameworks"] == []
+    assert rep["env"] is None and rep["frameworks"] == [] and rep["only"] == ["distenv.lightning"]
     assert all(v is None for v in rep["vars"].values())
 
 
@@ -233,7 +237,32 @@ def test_hooks_are_not_installed_outside_a_distributed_launch(fake):
     """)
     rep, p = run_py("import distenv.auto\n" + code, {}, fake=fake)
     assert p.returncode == 0, p.stderr
+    assert rep["calls"] == [] and rep["only"] == ["distenv.lightning"]  # Lightning's alone
+    rep, p = run_py("import distenv.auto\n" + code, {"SLURM_JOB_ID": "7"}, fake=fake)  # a batch script
+    assert p.returncode == 0, p.stderr
     assert rep["calls"] == [] and not rep["hooked"]
+
+
+@pytest.mark.parametrize("extra, only", [({}, ["distenv.lightning"]),
+                                         ({"DISTENV_RUN": "1", "RANK": "0", "WORLD_SIZE": "1",
+                                           "LOCAL_RANK": "0"}, ["distenv.lightning"]),
+                                         ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}, []),
+                                         ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, [])],
+                         ids=["lone", "distenv-run-one", "torch-vars-world1", "kubernetes"])
+def test_one_process_gets_lightning_s_patch_alone_where_a_trainer_would_go_wrong(fake, extra, only):
+    # lone: the workers a Trainer(devices=2) starts got no RANK; distenv run's one process:
+    # LOCAL_RANK is set, so Lightning started none and waited forever. Nowhere else.
+    code = """
+        import distenv.auto as a
+        a.HOOKS.update({"fakefw_alone": ("distenv.lightning", "patch")})
+        a._only and a.install()
+        import fakefw_alone
+        report(applied=a.applied)
+    """
+    rep, p = run_py(code, extra, fake=fake)
+    assert p.returncode == 0, p.stderr
+    assert rep["only"] == only and rep["vars"]["RANK"] == extra.get("RANK"), rep
+    assert rep["applied"] == (["distenv.lightning:patch"] if only else []), rep
 
 
 def test_missing_adapter_function_warns_and_the_import_proceeds(fake):
@@ -349,7 +378,7 @@ def test_DISTENV_AUTO_leaves_a_platform_the_frameworks_detect_alone(extra):
     DISTENV_AUTO=1 writes nothing and hooks nothing, so their own detection runs unchanged."""
     rep, p = run_py("report()", {"DISTENV_AUTO": "1", **extra})
     assert p.returncode == 0, p.stderr
-    assert rep["env"] is None and not rep["hooked"], rep
+    assert rep["env"] is None and not rep["hooked"] and rep["only"] == [], rep
     assert all(v is None for v in rep["vars"].values()), rep["vars"]
 
 
