@@ -222,6 +222,8 @@ def _register() -> None:
         if env_module not in _registered:
             importlib.import_module(env_module).ClusterEnvironment.register(DistenvEnvironment)
             _registered.add(env_module)
+        _guard_fabric(importlib.import_module(env_module.replace("plugins.environments",
+                                                                 "connector"))._Connector)
         trainer_pkg = strategies.rsplit(".", 1)[0]  # lightning.pytorch / pytorch_lightning
         if trainer_pkg not in sys.modules and not (
                 before_import and importlib.util.find_spec(trainer_pkg.split(".")[0]) is not None):
@@ -249,6 +251,29 @@ def _guard_single_device(cls: Any) -> None:
     setup_environment.__wrapped__ = original  # type: ignore[attr-defined]
     setup_environment.__doc__ = original.__doc__
     cls.setup_environment = setup_environment
+
+
+def _guard_fabric(cls: Any) -> None:
+    """The same for Fabric: its single-device strategy (devices=1, or the default on CPU) runs
+    no launcher, which is where Lightning validates: on a 2-process launch each process ran
+    as rank 0 of 1. Wrap the connector's last step so that a Fabric given a DistenvEnvironment
+    whose strategy numbers no ranks (no `_set_world_ranks`) validates it."""
+    original = cls._lazy_init_strategy
+    if getattr(original, "_distenv_guard", False):
+        return
+
+    def _lazy_init_strategy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        env = getattr(self, "cluster_environment", None)
+        if isinstance(env, DistenvEnvironment) and not hasattr(self.strategy, "_set_world_ranks"):
+            message = mismatch_message(env._env, 1, getattr(self, "_num_nodes_flag", 1))
+            if message:
+                raise DistEnvError(message.replace("Trainer(", "Fabric("))
+        return out
+
+    _lazy_init_strategy._distenv_guard = True  # type: ignore[attr-defined]
+    _lazy_init_strategy.__wrapped__ = original  # type: ignore[attr-defined]
+    cls._lazy_init_strategy = _lazy_init_strategy
 
 
 # -- zero-code: every Trainer / Fabric gets a DistenvEnvironment ---------------------------------

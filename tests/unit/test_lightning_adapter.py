@@ -283,6 +283,49 @@ def test_a_plugin_made_before_the_trainer_package_is_imported_guards_its_single_
     assert p.returncode == 0 and p.stdout.strip() == "True", (p.stdout, p.stderr[-2000:])
 
 
+FABRIC_CASES = """
+import json, sys
+from distenv.lightning import DistenvEnvironment
+Fabric = __import__(sys.argv[1], fromlist=["Fabric"]).Fabric
+out = {}
+for name, kw in (("default", {}), ("devices1", {"devices": 1}), ("devices2", {"devices": 2})):
+    try:
+        f = Fabric(accelerator="cpu", plugins=[DistenvEnvironment()], **kw)
+        out[name] = [type(f.strategy).__name__, f.global_rank, f.world_size]
+    except Exception as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("package, fabric", [("lightning", "lightning"),
+                                             ("pytorch_lightning", "lightning_fabric")])
+def test_a_single_device_fabric_with_the_plugin_on_two_processes_is_refused(package, fabric):
+    """Fabric(plugins=[DistenvEnvironment()]) with the default devices on CPU (one) or
+    devices=1 ran each of two ranks as rank 0 of 1 (its single-device strategy has no launcher,
+    where Lightning validates); now the Trainer's one line, naming Fabric."""
+    import subprocess
+    import sys
+
+    if package not in PACKAGES:
+        pytest.skip(f"{package} is not selected (DISTENV_LIGHTNING_PACKAGES={SELECTED})")
+    import importlib.util
+
+    if importlib.util.find_spec(fabric) is None:
+        if REQUIRE:
+            pytest.fail(f"{fabric} is not installed (DISTENV_REQUIRE_FRAMEWORK=lightning)")
+        pytest.skip(f"{fabric} is not installed")
+    env = {**os.environ, **ompi4(1, 2, 1, 2, 1)}
+    p = subprocess.run([sys.executable, "-c", FABRIC_CASES, fabric], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for case in ("default", "devices1"):
+        assert got[case].startswith("DistEnvError: Fabric(devices=1, num_nodes=1) contradicts") \
+            and "Fix: Fabric(devices=2, num_nodes=1)" in got[case], got
+    assert got["devices2"] == ["DDPStrategy", 1, 2], got
+
+
 def test_lightning_s_own_workers_of_a_lone_process_are_handed_the_node(monkeypatch, no_gpus):
     """Review, 2026-12-07: no launcher, patch() and Trainer(devices=2): Lightning's own
     environment starts the workers, which got WORLD_SIZE, NODE_RANK and LOCAL_RANK but no RANK,
