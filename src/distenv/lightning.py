@@ -349,8 +349,12 @@ def _hand_off_own(connector: Any, chosen: Any) -> None:
     them this process as their node, with the master Lightning chose (review, 2026-12-07:
     every worker stopped)."""
     devices = len(getattr(connector, "_parallel_devices", ()) or ()) or 1
-    if (getattr(chosen, "creates_processes_externally", True) or "LOCAL_RANK" in os.environ
-            or devices < 2 or getattr(connector, "_num_nodes_flag", 1) != 1):
+    # Only Lightning's default environment, whose workers are this script started again with
+    # LOCAL_RANK (its subprocess launcher): not XLA's on a TPU VM whose variables were not yet
+    # set at start, whose processes torch-xla numbers per chip.
+    if (type(chosen).__name__ != "LightningEnvironment" or chosen.creates_processes_externally
+            or "LOCAL_RANK" in os.environ or devices < 2
+            or getattr(connector, "_num_nodes_flag", 1) != 1):
         return
     env = resolve()
     if not _alone(env.launcher):

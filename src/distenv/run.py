@@ -346,7 +346,7 @@ def plan(argv: "Iterable[str]", environ: "Mapping[str, str] | None" = None,
             "(mpirun --bind-to none, or --map-by ppr:1:node:pe=<cores>; srun --cpus-per-task=<cores>).")
     run_id = env.job_id or f"distenv-{env.master_port}"
     from .knobs import address
-    from .core.resolver import host_problem
+    from .core.invariants import host_problem
 
     port = env.master_port
     assert port is not None  # the resolver always sets one (derived from the job, else 29500)
@@ -497,32 +497,58 @@ def _stopped(number: int) -> int:
 
 
 def _stop_children(number: int, grace: float = 5.0) -> None:
-    """Stop every worker still running under this agent: `number`, then SIGKILL after `grace`
-    seconds. torch stops the workers it tracks, but a signal that lands while its Popen is
-    between fork and return raises there, and the forked worker is in no list; a signal that
-    reaches the child before its exec is lost with the old image (it ran to its end)."""
+    """Stop every worker still running under this agent, with its own processes: `number` to
+    its process group, then SIGKILL after `grace` seconds. torch starts each worker in a
+    session of its own and stops the ones it tracks, but a signal that lands while its Popen
+    is between fork and return raises there, and the forked worker is in no list of torch's
+    (nor reached by a terminal's Ctrl-C: another session). Only group leaders are workers:
+    the PMIx keeper this process inherited (`discovery.pmix_relay.keeper`) must outlive it."""
     import signal
     import time
 
     me = str(os.getpid())
-    kids = [int(name) for name in os.listdir("/proc") if name.isdigit() and _parent(name) == me]
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _parent(name) == me:
+            try:
+                if os.getpgid(int(name)) == int(name):
+                    kids.append(int(name))
+            except ProcessLookupError:
+                pass
     for pid in kids:
         try:
-            os.kill(pid, number)
+            os.killpg(pid, number)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace
-    while kids:
-        kids = [pid for pid in kids if not _reaped(pid)]
-        if not kids or time.monotonic() >= deadline:
+    groups = kids
+    while groups:  # until every group is empty (a process of one may ignore the signal)
+        for pid in groups:
+            _reaped(pid)
+        groups = [pid for pid in groups if _group_alive(pid)]
+        if not groups or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
+    for pid in groups:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for pid in kids:
         try:
-            os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
+        except ChildProcessError:  # reaped above
             pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _parent(pid: str) -> str:

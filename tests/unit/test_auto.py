@@ -119,7 +119,7 @@ a.HOOKS.update({"fakefw": ("fake_adapter", "patch_outer"), "fakefw_inner": ("fak
 @needs_pth
 @pytest.mark.parametrize("extra", [{}, {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"},
                                    {"WORLD_SIZE": "1"}], ids=["plain", "sbatch-script", "world1"])
-def test_DISTENV_AUTO_is_inert_in_a_single_process(extra):
+def test_DISTENV_AUTO_writes_nothing_and_imports_nothing_in_a_single_process(extra):
     # A lone process (no launcher, no job) gets Lightning's patch alone (for the workers a
     # Trainer(devices=2) starts): no variable, no framework imported, no other adapter.
     rep, p = run_py("import json, email.message\nreport()", {"DISTENV_AUTO": "1", **extra})
@@ -131,7 +131,7 @@ def test_DISTENV_AUTO_is_inert_in_a_single_process(extra):
     assert p.stderr == ""
 
 
-def test_import_distenv_auto_is_inert_in_a_single_process():
+def test_import_distenv_auto_writes_nothing_in_a_single_process():
     rep, p = run_py("import distenv.auto\nreport()")
     assert p.returncode == 0, p.stderr
     assert rep["env"] is None and rep["frameworks"] == [] and rep["only"] == ["distenv.lightning"]
@@ -230,7 +230,7 @@ def test_a_framework_imported_before_auto_is_patched_on_activation(fake):
     assert rep["calls"] == [["alone", True, None]]
 
 
-def test_hooks_are_not_installed_outside_a_distributed_launch(fake):
+def test_no_adapter_but_lightning_s_is_applied_outside_a_distributed_launch(fake):
     code = HOOK_FAKES + textwrap.dedent("""
         import fake_adapter, fakefw
         report(calls=fake_adapter.CALLS)

@@ -156,3 +156,22 @@ def test_a_master_address_starting_with_a_dash_is_refused(addr):
     assert f"master_addr={addr!r}" in str(err.value) and "starts with '-'" in str(err.value)
     with pytest.raises(DistEnvError, match="starts with '-'"):
         resolve({"RANK": "0", "WORLD_SIZE": "2"}, master_addr=addr)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"rank": 5}, "rank=5 (replaced by the caller) must be below world_size=2"),
+    ({"rank": True}, "rank='True' (replaced by the caller) is not an integer"),
+    ({"world_size": 0}, "world_size='0' (replaced by the caller) is not an integer from 1"),
+    ({"master_port": 99999}, "master_port='99999' (replaced by the caller) is not a TCP port"),
+    ({"master_addr": "-oProxyCommand=x"}, "starts with '-'"),
+    ({"num_nodes": 2}, "for the other nodes of num_nodes=2 (replaced by the caller)"),
+])
+def test_replace_checks_its_values_as_resolve_checks_overrides(change, words):
+    # export() wrote a replace()d copy as it was: RANK=True, RANK=5 beside WORLD_SIZE=2
+    env = resolve({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                   "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                   "OMPI_MCA_orte_num_nodes": "1"})
+    with pytest.raises(DistEnvError, match="Fix: give replace") as err:
+        env.replace(**change)
+    assert words in str(err.value), err.value
+    assert env.replace(rank=0, master_port=1234).master_port == 1234

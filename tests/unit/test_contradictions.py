@@ -196,6 +196,16 @@ def test_two_mpi_launchers_that_disagree_are_an_error_until_one_is_named(outer, 
         assert resolve(env, launcher=name).rank == rank
 
 
+def test_hydra_pmi_port_rank_0_inside_open_mpi_rank_0_is_an_error_too():
+    # -pmi-port gives no size to compare and its rank 0 matches the outer rank 0: the local
+    # size (2 against Open MPI's 1) tells (review: rank 0 resolved as rank 0 of 1)
+    env = dict(ompi(0, 1, 0, 1, node_rank_trap=False), PMI_ID="0", PMI_PORT="h:1",
+               MPI_LOCALRANKID="0", MPI_LOCALNRANKS="2")
+    with pytest.raises(DistEnvError, match=r"local_world_size 1 \(OMPI_COMM_WORLD_LOCAL_SIZE=1\) against 2"):
+        resolve(env)
+    assert resolve(dict(env, DISTENV_LAUNCHER="mpich")).local_world_size == 2
+
+
 def test_mpi_launchers_that_set_each_others_variables_for_the_same_rank_agree():
     # MVAPICH2 started by Hydra sets MV2_* and Hydra's PMI_* for the same rank.
     env = dict(LAUNCHERS["mvapich2"][0], **LAUNCHERS["mpich"][0])

@@ -55,7 +55,8 @@ FLOORS = (
      "distenv.core.reading", "distenv.core.hostlist", "distenv.core.ports"),     # words, parsers
     ("distenv.knobs", "distenv.errors", "distenv.log"),                              # settings, errors
     ("distenv.core.description", "distenv.core.checked", "distenv.core.export",       # the description
-     "distenv.core.gpus", "distenv.core.placement", "distenv.sources"),               # and the sources
+     "distenv.core.gpus", "distenv.core.invariants", "distenv.core.placement",         # and the sources
+     "distenv.sources"),
     ("distenv.core.resolver",),                                                       # resolve()
     ("distenv.discovery",),                                                           # the services
     ("distenv", "distenv.bringup"),                                                   # the API, the way up

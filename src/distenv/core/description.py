@@ -196,7 +196,8 @@ class DistEnv:
         return self.process_index == 0
 
     def replace(self, **changes: Any) -> "DistEnv":
-        """A copy with some fields changed (provenance says 'replaced')."""
+        """A copy with some fields changed (provenance says 'replaced'); DistEnvError where the
+        copy cannot describe one process of a launch (as resolve() checks its overrides)."""
         unknown = set(changes) - set(FIELDS)
         if unknown:
             raise TypeError(f"unknown DistEnv field(s): {', '.join(sorted(unknown))}")
@@ -205,6 +206,10 @@ class DistEnv:
         why = dict(self.provenance)
         for name in changes:
             why[name] = "replaced by the caller"
+        # what resolve() checks of its overrides: a copy export() would write as it is
+        from .invariants import check
+
+        check(values, why, fix="give replace() values that describe one process of the launch")
         return DistEnv(values, why, self.notes)
 
     def to_dict(self) -> "dict[str, Any]":

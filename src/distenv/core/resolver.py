@@ -21,7 +21,8 @@ from .description import (DEFAULT, DERIVED, FIELDS, GIVEN, PER_NODE, PER_PROCESS
                           Why, _build)
 from ..errors import DistEnvError
 from ..knobs import LAUNCHER, NPROC_PER_NODE, RUN
-from .reading import MAX_COUNT, PORT_MAX, PORT_MIN, Reading, get_int, parse_port, show
+from .invariants import check, host_problem
+from .reading import MAX_COUNT, Reading, get_int, parse_port, show
 from ..sources import LAUNCHERS, NONE, PLATFORMS, find, names, names_of, platform_name
 
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
@@ -88,7 +89,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
     source.after(env, r)
     _master(env, r, source, overrides)
     _check_canonical(env, r, source, overrides)
-    _check_invariants(r)
+    check(r.values, r.why)
     r.values["launch"] = r.launch
     r.why["launch"] = (
         "one process per node, whose workers are yet to be started" if r.launch == PER_NODE
@@ -111,7 +112,7 @@ def resolve(environ: "Mapping[str, str] | None" = None, **overrides: Any) -> Dis
 def _host_names(field: str, value: object) -> "tuple[str, ...]":
     """resolve(hosts=[...]) and rank_hosts=: a list or tuple of host names, else one error
     (an int raised TypeError, a string became one host, 'x y' passed)."""
-    if isinstance(value, (list, tuple)) and value and all(_is_host(h) for h in value):
+    if isinstance(value, (list, tuple)) and value and all(host_problem(h, field) is None for h in value):
         return tuple(value)
     raise DistEnvError(f"{field}={show(repr(value))[1:-1]} (given to resolve()) is not a list of host "
                        f"names. Fix: pass {field}=['node1', 'node2', ...], or leave it out.")
@@ -227,9 +228,9 @@ def _choose(env: "Env", forced: "str | None") -> "tuple[Source, str]":
 
 
 def _nested_mpi(env: "Env", r: Reading, source: "Source") -> None:
-    """Another MPI launcher's variables beside the chosen one's, with another rank or size: one
-    MPI launcher started inside the other, whose ranks inherit the outer one's variables (a
-    review measured `mpirun -np 1 mpiexec.mpich -n 2`: both ranks read Open MPI's rank 0 of 1).
+    """Another MPI launcher's variables beside the chosen one's, with another rank or size (or
+    local ones): one MPI launcher started inside the other, whose ranks inherit the outer
+    one's variables (a review measured `mpirun -np 1 mpiexec.mpich -n 2`: both ranks read Open MPI's rank 0 of 1).
     The variables do not say which is inner, so it is an error; DISTENV_LAUNCHER decides.
     Launchers that set both families' variables for the same rank (MVAPICH2's Hydra: MV2_* and
     PMI_*) agree and pass."""
@@ -244,10 +245,10 @@ def _nested_mpi(env: "Env", r: Reading, source: "Source") -> None:
             other.read(env, theirs)
         except DistEnvError:  # its variables are malformed: they describe no rank to compare
             continue
-        ours = (r.get("rank"), r.get("world_size"))
-        differ = [f for f, mine, them in zip(("rank", "world_size"), ours,
-                                             (theirs.get("rank"), theirs.get("world_size")))
-                  if mine is not None and them is not None and mine != them]
+        # the local counts too: Hydra's -pmi-port gives no size, and its rank 0 matched the
+        # outer rank 0 (review: it resolved as rank 0 of 1 while rank 1 stopped)
+        differ = [f for f in ("rank", "world_size", "local_rank", "local_world_size")
+                  if None not in (r.get(f), theirs.get(f)) and r.get(f) != theirs.get(f)]
         if differ:
             shown = ", ".join(f"{f} {r.get(f)} ({r.why.get(f)}) against {theirs.get(f)} "
                               f"({theirs.why.get(f)})" for f in differ)
@@ -634,110 +635,3 @@ def _env_instead(env: "Env", source: "Source") -> str:
     except DistEnvError:
         return ""
     return ", or set DISTENV_LAUNCHER=env to trust the torch variables instead"
-
-
-_COUNTS = ("rank", "local_rank", "world_size", "local_world_size", "node_rank",
-           "num_nodes", "nproc_per_node")  # master_port: a TCP port, checked on its own
-_POSITIVE = ("world_size", "local_world_size", "num_nodes", "nproc_per_node")
-_LEAST = tuple((field, 1 if field in _POSITIVE else 0) for field in _COUNTS)
-# (a, b, strict): a < b when strict, else a <= b.
-_ORDER = (("rank", "world_size", True), ("local_rank", "local_world_size", True),
-          ("local_rank", "world_size", True),  # also where the local world size is unknown
-          ("node_rank", "num_nodes", True), ("local_world_size", "world_size", False),
-          ("num_nodes", "world_size", False), ("nproc_per_node", "world_size", False))
-
-
-def _bad(text: str) -> "NoReturn":
-    raise DistEnvError(text + " Fix: correct the launcher's variables or the override.")
-
-
-def _check_invariants(r: Reading) -> None:
-    v, why = r.values, r.why
-    get = v.get
-    port = get("master_port")
-    if port is not None and (port.__class__ is not int or not PORT_MIN <= port <= PORT_MAX):
-        _bad(f"master_port={show(port)} ({why.get('master_port')}) is not a TCP port ({PORT_MIN}-{PORT_MAX}).")
-    for field, least in _LEAST:
-        value = get(field)
-        if value is not None and (value.__class__ is not int or not least <= value < MAX_COUNT):
-            _bad(f"{field}={show(value)} ({why.get(field)}) is not an integer from {least} to {MAX_COUNT - 1}.")
-    for low, high, strict in _ORDER:
-        a = get(low)
-        if a is not None:
-            b = get(high)
-            if b is not None and (a >= b if strict else a > b):
-                relation = "must be below" if strict else "cannot exceed"
-                _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).")
-    _check_counts(get, why)
-    hosts, nodes = get("hosts"), get("num_nodes")
-    if hosts is not None and nodes is not None and len(hosts) != nodes:
-        _bad(f"{len(hosts)} host(s) in {why.get('hosts')} but num_nodes={nodes} ({why.get('num_nodes')}).")
-    addr = get("master_addr")
-    if addr is not None:
-        problem = host_problem(addr, why.get("master_addr"))
-        if problem:
-            _bad(problem)
-
-
-def _check_counts(get: Any, why: "dict[str, Any]") -> None:
-    """The counts must describe one layout: world = nodes x workers per node (where every node
-    has as many), and the other nodes - 1 hold the world's other ranks, at least one each (a
-    node count is of nodes that run ranks: every source reads it so) -- else a node count of
-    1 on a rank with neighbours elsewhere would make the loopback its master."""
-    size, local, nodes, nproc = (get("world_size"), get("local_world_size"), get("num_nodes"),
-                                 get("nproc_per_node"))
-    node = get("node_rank")
-    if nodes is None and None not in (size, local, node) and node > size - local:
-        _bad(f"node_rank={node} ({why.get('node_rank')}) but local_world_size={local} "
-             f"({why.get('local_world_size')}) leaves {size - local} of world_size={size} "
-             f"({why.get('world_size')}) for the {node} nodes before this one, at least one "
-             "rank on each.")
-    if size is None or nodes is None:
-        return
-    lrank = get("local_rank")
-    if lrank is not None and lrank > size - nodes:
-        _bad(f"local_rank={lrank} ({why.get('local_rank')}) leaves fewer than {nodes - 1} of "
-             f"world_size={size} ({why.get('world_size')}) for the other nodes of "
-             f"num_nodes={nodes} ({why.get('num_nodes')}), at least one rank on each.")
-    if local is not None and nodes == 1 and local != size:
-        _bad(f"num_nodes=1 ({why.get('num_nodes')}) but local_world_size={local} "
-             f"({why.get('local_world_size')}) is not world_size={size} "
-             f"({why.get('world_size')}): one node holds every rank.")
-    if local is not None and (size - local < nodes - 1 or (nodes > 1 and size == local)):
-        _bad(f"local_world_size={local} ({why.get('local_world_size')}) leaves {size - local} "
-             f"of world_size={size} ({why.get('world_size')}) for the other {nodes - 1} of "
-             f"num_nodes={nodes} ({why.get('num_nodes')}), at least one rank on each.")
-    if nproc is not None and nodes * nproc != size:
-        _bad(f"world_size={size} ({why.get('world_size')}) is not num_nodes={nodes} "
-             f"({why.get('num_nodes')}) x nproc_per_node={nproc} ({why.get('nproc_per_node')}).")
-
-
-def host_problem(addr: object, why: object) -> "str | None":
-    """What is wrong with a master address (`why`: where it came from), or None for a host
-    name, IPv4 or IPv6 address. Every place that reads one (the resolver; `distenv run`, which
-    puts it on torchrun's command line) asks this."""
-    if _is_host(addr):
-        return None
-    text = f"master_addr={show(addr)} ({why}) is not a host name or address"
-    if isinstance(addr, str) and addr.startswith("-"):
-        text += " (it starts with '-': a command such as torchrun would take it for an option)"
-    return text + "."
-
-
-def _is_host(addr: object) -> bool:
-    """A host name, IPv4 or IPv6 address: no URL, no user@, no port, no space, no leading '-'
-    (no host name starts with one, RFC 952/1123; on a command line it would be an option)."""
-    if type(addr) is not str or not addr or not addr.isprintable() or len(addr) > 255:
-        return False
-    if addr.startswith("-"):
-        return False
-    if any(c in addr for c in " /@?#"):
-        return False
-    if ":" in addr:  # only an IPv6 address may hold colons
-        import ipaddress
-
-        try:
-            ipaddress.IPv6Address(addr.strip("[]").split("%", 1)[0])
-        except ValueError:
-            return False
-    return True

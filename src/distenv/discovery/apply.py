@@ -201,7 +201,7 @@ def apply(env: DistEnv, ans: Answer) -> DistEnv:
     """`env` completed from `ans` (module docstring); `DistEnvError` on a contradiction, or
     when a host the service gave cannot be a master address (the resolver's own check:
     `distenv run` puts it on torchrun's command line)."""
-    from ..core.resolver import host_problem
+    from ..core.invariants import host_problem
 
     for host in dict.fromkeys(ans.hosts):
         problem = host_problem(host, ans.why)
