@@ -148,8 +148,15 @@ def _resolve(environ: "Mapping[str, str] | None", overrides: "dict[str, Any]",
     return bring_up("lightning", environ=environ, overrides=overrides, teardown=teardown)
 
 
-def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":
-    """Why Trainer(devices=num_devices, num_nodes=num_nodes) contradicts the launch, or None."""
+def mismatch_message(env: DistEnv, num_devices: int, num_nodes: int, name: str = "Trainer"
+                     ) -> "str | None":
+    """Why Trainer(devices=num_devices, num_nodes=num_nodes) contradicts the launch, or None
+    (`name`: "Fabric" for a Fabric's)."""
+    message = _mismatch(env, num_devices, num_nodes)
+    return message.replace("Trainer(", f"{name}(") if message and name != "Trainer" else message
+
+
+def _mismatch(env: DistEnv, num_devices: int, num_nodes: int) -> "str | None":
     if _alone(env.launcher) and env.launch == PER_PROCESS:
         if num_nodes == 1:
             return None  # Lightning starts `devices` workers on this one node
@@ -266,9 +273,9 @@ def _guard_fabric(cls: Any) -> None:
         out = original(self, *args, **kwargs)
         env = getattr(self, "cluster_environment", None)
         if isinstance(env, DistenvEnvironment) and not hasattr(self.strategy, "_set_world_ranks"):
-            message = mismatch_message(env._env, 1, getattr(self, "_num_nodes_flag", 1))
+            message = mismatch_message(env._env, 1, getattr(self, "_num_nodes_flag", 1), "Fabric")
             if message:
-                raise DistEnvError(message.replace("Trainer(", "Fabric("))
+                raise DistEnvError(message)
         return out
 
     _lazy_init_strategy._distenv_guard = True  # type: ignore[attr-defined]

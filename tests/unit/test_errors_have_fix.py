@@ -45,6 +45,17 @@ def _functions_with_fix(trees) -> set:
                     "Fix:" in (ast.get_source_segment(text, node.value) or ""):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 found.update(t.id for t in targets if isinstance(t, ast.Name))
+    # and functions that return what one of those builds (a wrapper that rewords it)
+    grew = True
+    while grew:
+        grew = False
+        for text, tree in trees.values():
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in found \
+                        and any(isinstance(n, ast.Assign) and _calls_helper(n.value, found)
+                                for n in ast.walk(node)):
+                    found.add(node.name)
+                    grew = True
     return found
 
 
