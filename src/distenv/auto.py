@@ -13,9 +13,9 @@ In a distributed launch this
 Outside a distributed launch (a single process) it writes no variable and patches no framework,
 with two exceptions. Lightning's patch alone is installed (no torch variable: only, when a
 Trainer(devices=2) starts its workers, the hand-off they read): with no launcher, those workers
-are handed this process as their node; in the
-one process `distenv run` started, such a Trainer (which would wait forever for a rank 1 nothing
-starts) fails in one line. And where no launcher started this process: a script's own
+are handed this process as their node; in the one process `distenv run` started, such a
+Trainer (which would wait forever for a rank 1 nothing starts) fails in one line. And where no
+launcher started this process: a script's own
 ``torch.distributed.init_process_group()`` with torch's env:// defaults and no ``RANK`` or
 ``WORLD_SIZE`` -- torch's "environment variable RANK expected" -- gets the one-process job that
 ``distenv run`` exports (``RANK=0``, ``WORLD_SIZE=1``, ``MASTER_ADDR=127.0.0.1``, a port derived
@@ -75,7 +75,7 @@ applied: "list[str]" = []
 skipped: "dict[str, str]" = {}
 
 _finder: "_Finder | None" = None
-#: The only adapter modules the hooks apply (None: every one): distenv run's one process.
+#: The only adapter modules the hooks apply (None: every one): Lightning's, in one process.
 _only: "frozenset[str] | None" = None
 _pending: "list[str]" = []
 _depth = 0
@@ -104,10 +104,10 @@ def activate(environ: "MutableMapping[str, str] | None" = None, reason: str = "i
         lone = found.launcher == "none" and found.job_id is None and one_process(target) is None
         if environ is None and found.launch != PER_NODE and (lone or target.get(knobs.RUN)):
             # One process, where a Trainer(devices=2) goes wrong without distenv's Lightning
-            # patch (no torch variable; the workers' hand-off): with no launcher, the workers Lightning starts
-            # get no RANK (the patch hands them this process as their node); in distenv run's
-            # one process LOCAL_RANK is set, so Lightning starts none and waited forever for
-            # its rank 1 (the patch makes that its one-line devices error).
+            # patch (no torch variable; the workers' hand-off): with no launcher, the workers
+            # Lightning starts get no RANK (the patch hands them this process as their node);
+            # in distenv run's one process LOCAL_RANK is set, so Lightning starts none and
+            # waited forever for its rank 1 (the patch makes that its one-line devices error).
             global _only
             _only = frozenset({"distenv.lightning"})
             install()

@@ -229,8 +229,8 @@ def _register() -> None:
         if env_module not in _registered:
             importlib.import_module(env_module).ClusterEnvironment.register(DistenvEnvironment)
             _registered.add(env_module)
-        _guard_fabric(importlib.import_module(env_module.replace("plugins.environments",
-                                                                 "connector"))._Connector)
+        _guard_fabric(getattr(importlib.import_module(
+            env_module.replace("plugins.environments", "connector")), "_Connector", None))
         trainer_pkg = strategies.rsplit(".", 1)[0]  # lightning.pytorch / pytorch_lightning
         if trainer_pkg not in sys.modules and not (
                 before_import and importlib.util.find_spec(trainer_pkg.split(".")[0]) is not None):
@@ -265,8 +265,8 @@ def _guard_fabric(cls: Any) -> None:
     no launcher, which is where Lightning validates: on a 2-process launch each process ran
     as rank 0 of 1. Wrap the connector's last step so that a Fabric given a DistenvEnvironment
     whose strategy numbers no ranks (no `_set_world_ranks`) validates it."""
-    original = cls._lazy_init_strategy
-    if getattr(original, "_distenv_guard", False):
+    original = getattr(cls, "_lazy_init_strategy", None)  # private: a release without it stays unguarded
+    if original is None or getattr(original, "_distenv_guard", False):
         return
 
     def _lazy_init_strategy(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -259,6 +259,19 @@ def _workers_resolve(environ, env, want):
             ("lightning", node * nproc + local, local, node, nproc * nodes)
 
 
+def _need_installed(package, module):
+    """Skip a package DISTENV_LIGHTNING_PACKAGES leaves out, or whose `module` is not installed
+    (a failure under DISTENV_REQUIRE_FRAMEWORK=lightning)."""
+    import importlib.util
+
+    if package not in PACKAGES:
+        pytest.skip(f"{package} is not selected (DISTENV_LIGHTNING_PACKAGES={SELECTED})")
+    if importlib.util.find_spec(module) is None:
+        if REQUIRE:
+            pytest.fail(f"{module} is not installed (DISTENV_REQUIRE_FRAMEWORK=lightning)")
+        pytest.skip(f"{module} is not installed")
+
+
 @pytest.mark.parametrize("package, strategies", [("lightning", "lightning.pytorch.strategies"),
                                                  ("pytorch_lightning", "pytorch_lightning.strategies")])
 def test_a_plugin_made_before_the_trainer_package_is_imported_guards_its_single_device(package, strategies):
@@ -267,14 +280,7 @@ def test_a_plugin_made_before_the_trainer_package_is_imported_guards_its_single_
     import subprocess
     import sys
 
-    if package not in PACKAGES:
-        pytest.skip(f"{package} is not selected (DISTENV_LIGHTNING_PACKAGES={SELECTED})")
-    import importlib.util
-
-    if importlib.util.find_spec(package) is None:
-        if REQUIRE:
-            pytest.fail(f"{package} is not installed (DISTENV_REQUIRE_FRAMEWORK=lightning)")
-        pytest.skip(f"{package} is not installed")
+    _need_installed(package, package)
     code = (f"import sys; from distenv.lightning import DistenvEnvironment; DistenvEnvironment(); "
             f"import {strategies} as s; "
             "print(getattr(s.SingleDeviceStrategy.setup_environment, '_distenv_guard', False))")
@@ -307,14 +313,7 @@ def test_a_single_device_fabric_with_the_plugin_on_two_processes_is_refused(pack
     import subprocess
     import sys
 
-    if package not in PACKAGES:
-        pytest.skip(f"{package} is not selected (DISTENV_LIGHTNING_PACKAGES={SELECTED})")
-    import importlib.util
-
-    if importlib.util.find_spec(fabric) is None:
-        if REQUIRE:
-            pytest.fail(f"{fabric} is not installed (DISTENV_REQUIRE_FRAMEWORK=lightning)")
-        pytest.skip(f"{fabric} is not installed")
+    _need_installed(package, fabric)
     env = {**os.environ, **ompi4(1, 2, 1, 2, 1)}
     p = subprocess.run([sys.executable, "-c", FABRIC_CASES, fabric], env=env, capture_output=True,
                        text=True, timeout=120)
