@@ -381,6 +381,24 @@ sys.stdin.readline()
 """
 
 
+def settled_descriptors(pid: int) -> "dict[int, str]":
+    """`pid`'s descriptors once it waits in a read: right after its exec the dynamic loader
+    opens and closes libraries on the lowest free number (CI saw fd 3 vanish mid-listing)."""
+    deadline = time.monotonic() + 10
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            now = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:  # one closed while listed
+            now, state = None, "R"
+        if now is not None and now == last and state == "S":
+            return now
+        last = now
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid}'s descriptors did not settle in 10 s: {last}")
+
+
 def test_a_keeper_holds_the_end_until_the_rank_ends_and_nothing_else(server):
     """The keeper (``cat`` on the rank's life line) keeps the server's end open while the rank
     lives, holds nothing of the rank's but that end, and closes it once the rank has ended."""
@@ -398,7 +416,7 @@ def test_a_keeper_holds_the_end_until_the_rank_ends_and_nothing_else(server):
         children = [int(c) for t in os.listdir(f"/proc/{rank.pid}/task")
                     for c in open(f"/proc/{rank.pid}/task/{t}/children").read().split()]
         (cat,) = [c for c in children if os.readlink(f"/proc/{c}/exe").endswith("/cat")]
-        fds = {int(fd): os.readlink(f"/proc/{cat}/fd/{fd}") for fd in os.listdir(f"/proc/{cat}/fd")}
+        fds = settled_descriptors(cat)
         assert fds[0].startswith("pipe:") and fds[1] == fds[2] == "/dev/null"
         extra = [target for fd, target in fds.items() if fd > 2]
         assert len(extra) == 1 and extra[0].startswith("socket:"), fds  # the server's end alone
