@@ -26,7 +26,7 @@ from .errors import DistEnvError
 TYPE_CHECKING = False  # typing stays out of `import distenv` (mypy takes any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
-    from typing import Any
+    from typing import Any, NoReturn
 
     from .core.description import DistEnv
 
@@ -213,10 +213,19 @@ def _many_ranks(p: argparse.ArgumentParser, default: str) -> None:
                    "off for --json and --summary)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage error ends with the Fix every distenv error carries
+    (its subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> "NoReturn":
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}. Fix: {self.prog} --help lists what it takes\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="distenv",
         description="Describe this process's place in a distributed launch, under any launcher. "
         "Without a command: show (distenv --json is distenv show --json).",

@@ -384,7 +384,8 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         p = plan(argv, discover=True)
     except Usage as exc:
         if str(exc):
-            sys.stderr.write(USAGE.split("\n\n")[0] + f"\ndistenv run: error: {exc}\n")
+            sys.stderr.write(USAGE.split("\n\n")[0] + f"\ndistenv run: error: {exc}. "
+                             "Fix: distenv run --help lists what it takes\n")
             return 2
         sys.stdout.write(USAGE)
         return 0
@@ -552,7 +553,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _parent(pid: str) -> str:
-    """Field 4 of /proc/<pid>/stat (after the name, which may hold anything up to its ")")."""
+    """Field 4 of /proc/<pid>/stat (after the name, which may hold anything up to its ")");
+    discovery.chain's parent_of is that package's internal."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().decode("ascii", "replace").rpartition(")")[2].split()[1]

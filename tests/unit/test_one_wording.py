@@ -170,7 +170,21 @@ def test_an_unknown_option_prints_the_subcommands_usage(argv, command, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert err.startswith(f"usage: distenv {command} "), err
-    assert f"distenv {command}: error: unrecognized arguments: {argv[-1]}" in err, err
+    assert f"distenv {command}: error: unrecognized arguments: {argv[-1]}. Fix: distenv {command} --help" in err, err
+
+
+@pytest.mark.parametrize("argv, command", [(["frob"], "distenv"), (["show", "--ranks", "x"], "distenv show"),
+                                           (["run", "--bogus"], "distenv run"),
+                                           (["run", "--nproc-per-node", "0", "--", "true"], "distenv run")])
+def test_every_usage_error_is_one_line_with_a_fix(argv, command, capsys):
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    (line,) = [x for x in err.splitlines() if "error:" in x]
+    assert line.startswith(f"{command}: error: ") and line.endswith(f"Fix: {command} --help lists what it takes"), err
 
 
 # -- the rank prefix ---------------------------------------------------------------------------
