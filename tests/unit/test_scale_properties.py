@@ -274,7 +274,10 @@ def openmpi4_jobs(draw):
         order = list(draw(st.permutations(order)))  # rank 0 anywhere
     family = draw(st.integers(1, 60000)) * 65536
     hnp = "10.255.255.254" if head else ip(0)
-    uri = f"{family}.0;tcp://{hnp},192.0.2.7:4{draw(st.integers(1000, 9999))}"
+    # the mpirun host's every interface: with a second one (a bridge, a BMC port) the one
+    # the nodes reach is in no variable
+    bridge = draw(st.booleans())
+    uri = f"{family}.0;tcp://{hnp}{',192.0.2.7' if bridge else ''}:4{draw(st.integers(1000, 9999))}"
     daemons = n + 1 if head else n
     on_node = {}
     for rank, k in enumerate(order):
@@ -305,7 +308,7 @@ def openmpi4_jobs(draw):
             env["OMPI_MCA_rmaps_base_mapping_policy"] = "seq"
         return env
 
-    known = kind == "first"
+    known = kind == "first" and not bridge
     # OMPI_MCA_orte_num_nodes is the node count on every rank, except with a rankfile or
     # --map-by seq, where it differs between ranks (measured); Open MPI 4 gives no node rank.
     proves = {"num_nodes"} if kind in ("first", "head", "mpmd") else set()

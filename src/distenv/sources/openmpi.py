@@ -28,9 +28,13 @@ Open MPI 4         when ORTE's own rule puts rank 0 there: ORTE lists the target
                    follow the host file: measured rank 0 on node2). With a user mapping
                    OMPI_MCA_orte_num_nodes also differs between ranks (4 and 2 measured
                    on two nodes), so the node count is unknown too. The address: the
-                   URI's first IPv4 one other than loopback, else its first global IPv6
-                   one (``tcp6://[fe80::..,2620::..]:port``, JAX's ompi_cluster example);
+                   URI's one IPv4 address other than loopback, else its one global IPv6
+                   address (``tcp6://[fe80::..,2620::..]:port``, JAX's ompi_cluster example);
                    a link-local IPv6 one is unusable without its zone, which the URI lacks.
+                   Several: unknown. ORTE advertises every interface and its daemons try
+                   each in turn; measured here, the first (192.0.2.2, the host's outside
+                   bridge) was one the nodes could not reach (integrations/cluster/README.md,
+                   item 5), and a docker0 or BMC address is the same on every node.
 master_addr,       Unknown across nodes. PRRTE maps by its host list (-H, host file or
 Open MPI 5         allocation order), which no rank sees: ``-H node2:2,node1:2`` started
                    on node1 put rank 0 on node2 while ranks 2 and 3 on node1 saw exactly
@@ -60,23 +64,22 @@ def _small_int(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 12
 
 
-def hnp_address(uri: str) -> "str | None":
-    """The mpirun host's first usable address in
-    '<jobfam>.0;tcp://a,b:port;tcp6://[x,y]:port': an IPv4 one other than loopback, else a
-    global IPv6 one (unbracketed). A link-local IPv6 address (fe80::/10) is skipped: without
+def hnp_addresses(uri: str) -> "list[str]":
+    """The mpirun host's usable addresses in
+    '<jobfam>.0;tcp://a,b:port;tcp6://[x,y]:port': its IPv4 ones other than loopback, else its
+    global IPv6 ones (unbracketed). A link-local IPv6 address (fe80::/10) is skipped: without
     its zone (the interface, which the URI does not carry) no other host can connect to it."""
-    six: "str | None" = None
+    four: "list[str]" = []
+    six: "list[str]" = []
     for part in uri.split(";"):
         if part.startswith("tcp://"):
             addrs = part[len("tcp://"):].rsplit(":", 1)[0]
-            for addr in addrs.split(","):
-                addr = addr.strip()
-                if addr and addr != "127.0.0.1":
-                    return addr
-        elif part.startswith("tcp6://[") and six is None:
+            four += [a for a in (x.strip() for x in addrs.split(",")) if a and a != "127.0.0.1"
+                     and a not in four]
+        elif part.startswith("tcp6://["):
             inner = part[len("tcp6://["):].split("]", 1)[0]
-            six = next((a for a in (x.strip() for x in inner.split(",")) if _global_ipv6(a)), None)
-    return six
+            six += [a for a in (x.strip() for x in inner.split(",")) if _global_ipv6(a) and a not in six]
+    return four or six
 
 
 def _global_ipv6(addr: str) -> bool:
@@ -148,7 +151,8 @@ class OpenMPI(Source):
             r.set("job_id", jobid, "OMPI_MCA_ess_base_jobid" if env.get("OMPI_MCA_ess_base_jobid")
                   else "job family in OMPI_MCA_orte_hnp_uri")
             r.port_key = f"ompi:{family}:{jobid}"
-            addr = hnp_address(uri)
+            addrs = hnp_addresses(uri)
+            addr = addrs[0] if len(addrs) == 1 else None
             daemon = env.get("OMPI_MCA_orte_local_daemon_uri", "").split(";", 1)[0]
             daemons = env.get("OMPI_MCA_ess_base_num_procs", "")
             nodes = r.get("num_nodes")
@@ -168,8 +172,15 @@ class OpenMPI(Source):
                 self._not_on_mpirun_host(r, "OMPI_MCA_ess_base_num_procs > OMPI_MCA_orte_num_nodes")
             elif addr is None:
                 if nodes != 1 and r.get("world_size") != r.get("local_world_size"):
-                    self._unknown(r, "OMPI_MCA_orte_hnp_uri lists no address another node can "
-                                     "reach (only loopback or link-local IPv6, which needs its zone)")
+                    if addrs:
+                        self._unknown(r, f"OMPI_MCA_orte_hnp_uri lists {len(addrs)} addresses of "
+                                         f"the mpirun host ({', '.join(addrs)}), and which one the "
+                                         "other nodes reach is in no variable (ORTE's daemons try "
+                                         "each in turn)", "mpirun --mca oob_tcp_if_include <the "
+                                         "nodes' network> (then it lists one), ")
+                    else:
+                        self._unknown(r, "OMPI_MCA_orte_hnp_uri lists no address another node can "
+                                         "reach (only loopback or link-local IPv6, which needs its zone)")
             elif self._hnp_hosts_rank0(r, daemon, family, "OMPI_MCA_orte_local_daemon_uri"):
                 r.set("master_addr", addr,
                       "OMPI_MCA_orte_hnp_uri (the mpirun host: ORTE maps rank 0 to the first "
@@ -213,8 +224,8 @@ class OpenMPI(Source):
         )
 
     @staticmethod
-    def _unknown(r: "Reading", why: str) -> None:
-        r.notes.append(f"{why}: rank 0's address is unknown. Fix: mpirun -x MASTER_ADDR=<rank "
+    def _unknown(r: "Reading", why: str, first: str = "") -> None:
+        r.notes.append(f"{why}: rank 0's address is unknown. Fix: {first}mpirun -x MASTER_ADDR=<rank "
                        "0's host>, or call distenv.discover()")
 
 

@@ -27,11 +27,27 @@ def test_openmpi_one_node_uses_loopback_and_job_port():
 def test_openmpi_node_rank_trap_is_not_used():
     # 2x2 on two nodes: OMPI_COMM_WORLD_NODE_RANK is 1 for rank 3, yet the node index is unknown.
     env = resolve(ompi(3, 4, 1, 2, OMPI_MCA_orte_num_nodes="2",
-                       OMPI_MCA_orte_hnp_uri="1.0;tcp://10.1.0.1,10.2.0.1:5000"))
+                       OMPI_MCA_orte_hnp_uri="1.0;tcp://10.1.0.1:5000"))
     assert env.node_rank is None
     assert env.num_nodes == 2
     assert env.master_addr == "10.1.0.1"
     assert "OMPI_MCA_orte_hnp_uri" in env.provenance["master_addr"]
+
+
+@pytest.mark.parametrize("addresses", ["192.0.2.2,10.213.77.1", "10.0.0.4,172.17.0.1",
+                                       "169.254.3.1,10.0.0.4"])
+def test_several_mpirun_addresses_leave_the_master_unknown_with_the_fix(addresses):
+    # ORTE advertises every interface and its daemons try each in turn: measured here, the
+    # first (the host's outside bridge) was one the nodes could not reach
+    # (integrations/cluster/README.md, item 5); docker0 and BMC addresses repeat on every node.
+    uri = f"1.0;tcp://{addresses}:5000;tcp6://[fd00::2]:48045"
+    for rank, local in ((0, 0), (3, 1)):
+        env = resolve(ompi(rank, 4, local, 2, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_orte_hnp_uri=uri))
+        assert env.master_addr is None and env.master_port is not None
+        (note,) = [n for n in env.notes if "oob_tcp_if_include" in n]
+        assert addresses.replace(",", ", ") in note and note.count("Fix:") == 1, note
+    one_node = resolve(ompi(1, 2, 1, 2, OMPI_MCA_orte_num_nodes="1", OMPI_MCA_orte_hnp_uri=uri))
+    assert one_node.master_addr == "127.0.0.1"  # no other node to reach it
 
 
 def test_openmpi5_across_nodes_has_no_master_address():
