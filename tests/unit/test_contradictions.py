@@ -115,6 +115,24 @@ def test_deepspeed_cross_rank_vs_node_rank():
         resolve(dict(env, NODE_RANK="0"))
 
 
+@pytest.mark.parametrize("env, var", [
+    ({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0",
+      "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}, "GROUP_RANK=1"),
+    ({"CROSS_RANK": "1", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_SIZE": "2", "CROSS_SIZE": "2",
+      "LOCAL_RANK": "0"}, "CROSS_RANK=1"),
+])
+def test_a_launcher_s_node_index_above_the_rank_is_an_error(env, var):
+    """Nodes are numbered by their lowest rank (torch assigns ranks agent by agent), so node 1
+    cannot hold rank 0: such variables (a stale or hand-set one) resolved as rank 0 on node 1
+    (review, 2026-12-08). The same through DistEnv.replace()."""
+    with pytest.raises(DistEnvError, match=rf"node_rank=1 \({var}\) is above rank=0 \(RANK=0\).*Fix: "):
+        resolve(env)
+    ok = resolve(dict(env, RANK="4" if "GROUP_RANK" in env else "2"))
+    assert (ok.node_rank, ok.launcher) == (1, "torchrun" if "GROUP_RANK" in env else ok.launcher)
+    with pytest.raises(DistEnvError, match=r"node_rank=1 \(replaced by the caller\) is above rank=0"):
+        ok.replace(rank=0, node_rank=1)
+
+
 def test_gcp_rank_vs_cluster_spec_task():
     spec = json.dumps({"cluster": {"master": ["m:1"], "worker": ["w0:1", "w1:1"]},
                        "task": {"type": "worker", "index": 1}})

@@ -48,6 +48,10 @@ def check(values: "Mapping[str, Any]", why: "Mapping[str, Any]",
             if b is not None and (a >= b if strict else a > b):
                 relation = "must be below" if strict else "cannot exceed"
                 _bad(f"{low}={a} ({why.get(low)}) {relation} {high}={b} ({why.get(high)}).", fix)
+    node, rank = get("node_rank"), get("rank")
+    if node is not None and rank is not None and node > rank:
+        _bad(f"node_rank={node} ({why.get('node_rank')}) is above rank={rank} ({why.get('rank')}): "
+             "nodes are numbered by their lowest rank, so node k holds no rank below k.", fix)
     _check_counts(get, why, fix)
     hosts, nodes = get("hosts"), get("num_nodes")
     if hosts is not None and nodes is not None and len(hosts) != nodes:
