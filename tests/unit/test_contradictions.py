@@ -317,6 +317,18 @@ def test_workers_per_node_asked_of_a_per_process_launch_are_kept_and_checked(how
         ask({"RANK": "1", "WORLD_SIZE": "2"}, 4)
 
 
+def test_workers_per_node_that_do_not_divide_the_world_are_an_error_without_a_node_count(no_gpus):
+    """mpirun_rsh -np 3 h1 h1 h2 with 2 workers per node asked: h1's rank resolved as 3 ranks,
+    2 per node, with no error (review, 2026-12-08); every node runs nproc_per_node."""
+    env = {"MV2_COMM_WORLD_RANK": "0", "MV2_COMM_WORLD_SIZE": "3", "MV2_COMM_WORLD_LOCAL_RANK": "0",
+           "MV2_COMM_WORLD_LOCAL_SIZE": "2", "DISTENV_NPROC_PER_NODE": "2"}
+    with pytest.raises(DistEnvError, match=r"world_size=3 \(MV2_COMM_WORLD_SIZE=3\) is not a multiple of "
+                                           r"nproc_per_node=2 \(DISTENV_NPROC_PER_NODE=2\).*Fix: "):
+        resolve(env)
+    fits = resolve(dict(env, MV2_COMM_WORLD_SIZE="4"))
+    assert (fits.world_size, fits.nproc_per_node, fits.num_nodes) == (4, 2, None)
+
+
 @pytest.mark.parametrize("field, value", [("hosts", 5), ("rank_hosts", 5), ("hosts", "node1"),
                                           ("hosts", ["a b"]), ("hosts", [])])
 def test_a_host_list_given_to_resolve_that_is_none_is_one_error(field, value):

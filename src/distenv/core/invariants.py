@@ -76,6 +76,11 @@ def _check_counts(get: Any, why: "Mapping[str, Any]", fix: str) -> None:
              f"({why.get('local_world_size')}) leaves {size - local} of world_size={size} "
              f"({why.get('world_size')}) for the {node} nodes before this one, at least one "
              "rank on each.", fix)
+    if nproc is not None and size is not None and size % nproc:
+        # every node runs nproc_per_node: also where the node count is unknown (mpirun_rsh -np
+        # 3 h1 h1 h2 with 2 per node asked resolved on h1 as 3 ranks, 2 per node)
+        _bad(f"world_size={size} ({why.get('world_size')}) is not a multiple of nproc_per_node="
+             f"{nproc} ({why.get('nproc_per_node')}): every node runs as many.", fix)
     if size is None or nodes is None:
         return
     lrank = get("local_rank")
