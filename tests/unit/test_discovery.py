@@ -96,6 +96,43 @@ def test_per_node_launch_from_either_service_takes_the_ranks_as_nodes():
         apply(openmpi, Pmix.answer(pmix.Placement(0, 2, ["n2", "n2"], "prterun-x-1@1", "", "", "child", 0.0)))
 
 
+def test_a_per_node_launch_checks_a_given_master_and_asks_every_host(monkeypatch):
+    """Review, 2026-12-08: a per-node launch took any MASTER_ADDR beside the answer (each node
+    setting its own name: every agent but node 0's waits on itself), and rank 0's host alone
+    (what the PMIx query reads when only the master is needed) was read as 2 processes on 1
+    host, a false error naming the user's launch."""
+    from distenv.discovery import pmi, pmix
+    from distenv.discovery.apply import apply
+    from distenv.discovery.services import Pmi, Pmix
+
+    given = resolve(hydra_rank(1, 2, 0, 1, DISTENV_NPROC_PER_NODE="2", MASTER_ADDR="n2"))
+    with pytest.raises(DistEnvError, match=r"master_addr=n2 \(.*\) is the host of other ranks, but "
+                                           r"rank 0 runs on n1.*Fix: unset MASTER_ADDR"):
+        apply(given, Pmi.answer(pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs")))
+    right = resolve(hydra_rank(1, 2, 0, 1, DISTENV_NPROC_PER_NODE="2", MASTER_ADDR="n1"))
+    assert apply(right, Pmi.answer(pmi.Exchange(1, 2, ["n1", "n2"], "fd", 0.0, "t", "kvs"))).master_addr == "n1"
+
+    openmpi = resolve(ompi(1, 2, 0, 1, node_rank_trap=False, PMIX_NAMESPACE="prterun-x-1@1",
+                           DISTENV_NPROC_PER_NODE="2"))
+    alone = pmix.Placement(1, 2, ["n1"], "prterun-x-1@1", "", "", "child", 0.0, full=False)
+    with pytest.raises(DistEnvError, match=r"rank 0's host alone, which cannot show one process per "
+                                           r"host\. Fix: ask for every host"):
+        apply(openmpi, Pmix.answer(alone))
+    asked = []
+
+    def query(**kwargs):
+        asked.append(kwargs["full"])
+        return pmix.Placement(1, 2, ["n1", "n2"], "prterun-x-1@1", "", "", "child", 0.0, full=kwargs["full"])
+
+    monkeypatch.setattr(pmix, "query", query)
+    found = pmix.Offer("prterun-x-1@1", 1, "prrte", "prted", [], [], "test", None)
+    got = Pmix().ask({}, found, 1.0, openmpi, ("master_addr",))
+    assert asked == [True] and got.full and got.hosts == ["n1", "n2"]
+    per_process = resolve(ompi(1, 2, 1, 2, PMIX_NAMESPACE="prterun-x-1@1"))
+    Pmix().ask({}, found, 1.0, per_process, ("master_addr",))
+    assert asked == [True, False]  # rank 0's host suffices where the ranks are the workers
+
+
 # -- what a service fills replaces only distenv's own choices, by kind, not by wording ------------
 def test_the_exchange_port_replaces_only_a_port_distenv_chose():
     """Rank 0's free port (published in the exchange) replaces torch's default and a port

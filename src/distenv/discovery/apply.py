@@ -181,6 +181,10 @@ def from_hostnames(env: DistEnv, names: "list[str]", why: str) -> DistEnv:
 def per_node(env: DistEnv, ans: Answer) -> DistEnv:
     """A per-node launch completed from a service's answer: its ranks are the nodes, one
     process on each host (else an error), rank = node rank."""
+    if not ans.full:  # rank 0's host alone proves no process per host (Pmix.ask asks for all)
+        raise DistEnvError(f"a per-node launch, but {ans.why} gave rank 0's host alone, which "
+                           "cannot show one process per host. Fix: ask for every host "
+                           "(distenv.discover(), or complete(need=('hosts',))).")
     distinct = list(dict.fromkeys(ans.hosts))
     if len(distinct) != ans.size:
         raise DistEnvError(
@@ -193,6 +197,10 @@ def per_node(env: DistEnv, ans: Answer) -> DistEnv:
         if known is not None and known != found:
             raise DistEnvError(f"{field}={known} ({env.provenance.get(field)}) contradicts "
                                f"{ans.why}: {found}. " + STALE)
+    if env.master_addr is not None and ans.size > 1:  # node 0 starts the store: as from_hostnames
+        from ..core.placement import not_rank_0s
+
+        not_rank_0s(env, ans.hosts[0], ans.hosts, ans.why)
     return with_values(env, {"node_rank": ans.rank, "num_nodes": ans.size, "hosts": tuple(ans.hosts),
                              "master_addr": env.master_addr or ans.hosts[0]}, ans.why)
 

@@ -23,6 +23,7 @@ pmi        `distenv.discovery.pmi`: the PMI-1 wire protocol        ``PMI_FD`` or
 
 from __future__ import annotations
 
+from ..core.description import PER_NODE
 from .apply import Answer
 
 TYPE_CHECKING = False  # mypy takes any TYPE_CHECKING as true
@@ -131,7 +132,8 @@ class Pmix(Service):
             env: "DistEnv", need: "tuple[str, ...] | None" = None) -> Answer:
         from . import pmix
 
-        full = need is None or any(f in self.EVERY_HOST for f in need)
+        # a per-node launch is proven one process per host by every rank's host alone
+        full = need is None or env.launch == PER_NODE or any(f in self.EVERY_HOST for f in need)
         return self.answer(pmix.query(environ=environ, timeout=timeout, found=found, full=full),
                            found.server)
 
